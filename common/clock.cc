@@ -1,0 +1,28 @@
+#include "common/clock.h"
+
+namespace baton {
+namespace {
+
+class RealClock : public Clock {
+ public:
+  absl::Time Now() const override { return absl::Now(); }
+};
+
+}  // namespace
+
+Clock* Clock::Real() {
+  static RealClock* clock = new RealClock();
+  return clock;
+}
+
+absl::Time FakeClock::Now() const {
+  absl::MutexLock lock(&mu_);
+  return now_;
+}
+
+void FakeClock::Advance(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  now_ += d;
+}
+
+}  // namespace baton

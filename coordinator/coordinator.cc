@@ -1,0 +1,392 @@
+#include "coordinator/coordinator.h"
+
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/validation.h"
+#include "glog/logging.h"
+
+namespace baton {
+namespace {
+
+std::string RandomInstance() {
+  std::random_device device;
+  return absl::StrFormat("%08x%08x", device(), device());
+}
+
+std::string StallText(const v1::Stall& stall) {
+  return absl::StrFormat(
+      "tensor %s, step %d: waiting for ranks {%s} for %.0f s", stall.tensor(),
+      stall.step(), absl::StrJoin(stall.missing_ranks(), ","),
+      stall.waiting_ms() / 1000.0);
+}
+
+}  // namespace
+
+Coordinator::Coordinator(const CoordinatorOptions& options, Clock* clock)
+    : options_(options),
+      clock_(clock),
+      instance_(RandomInstance()),
+      steps_(options.stall_threshold),
+      jobs_(options, clock, &sessions_, this) {}
+
+void Coordinator::OnSessionOpened(SessionId id,
+                                  std::shared_ptr<AgentChannel> channel) {
+  if (shutting_down_) {
+    channel->Close(absl::UnavailableError(
+        "the coordinator is shutting down: reconnect to its replacement"));
+    return;
+  }
+  sessions_.Open(id, std::move(channel), clock_->Now());
+}
+
+void Coordinator::OnAgentMessage(SessionId id,
+                                 const v1::AgentMessage& message) {
+  Session* session = sessions_.Find(id);
+  if (session == nullptr) return;  // Closed while the message was queued.
+  session->last_seen = clock_->Now();
+  const uint64_t seq = message.seq();
+  if (!session->said_hello()) {
+    if (!message.has_hello()) {
+      session->channel->Close(absl::InvalidArgumentError(
+          "the first AgentMessage of a session must be hello: send "
+          "Hello{node_name, agent_instance} first"));
+      sessions_.Remove(id);
+      return;
+    }
+    HandleHello(id, seq, message.hello());
+    return;
+  }
+  absl::Status status;
+  std::string job;
+  switch (message.body_case()) {
+    case v1::AgentMessage::kHello:
+      status = absl::FailedPreconditionError(
+          "hello was already received on this session: open a new session "
+          "to change the node's identity");
+      break;
+    case v1::AgentMessage::kJoin:
+      job = message.join().job();
+      status = jobs_.Join(*session, seq, message.join());
+      break;
+    case v1::AgentMessage::kRejoin:
+      job = message.rejoin().membership().job();
+      status = jobs_.Rejoin(*session, seq, message.rejoin());
+      break;
+    case v1::AgentMessage::kLeave:
+      job = message.leave().job();
+      status = jobs_.Leave(*session, message.leave());
+      break;
+    case v1::AgentMessage::kHeartbeat: {
+      v1::CoordinatorMessage ack;
+      ack.set_reply_to(seq);
+      ack.mutable_heartbeat_ack()->set_sent_unix_us(
+          message.heartbeat().sent_unix_us());
+      session->channel->Send(std::move(ack));
+      return;
+    }
+    case v1::AgentMessage::kManifest:
+      HandleManifest(id, seq, message.manifest());
+      return;
+    case v1::AgentMessage::kStepReport:
+      HandleStepReport(id, seq, message.step_report());
+      return;
+    case v1::AgentMessage::BODY_NOT_SET:
+      status = absl::InvalidArgumentError(
+          "AgentMessage.body is not set (a message kind this coordinator "
+          "does not know?): upgrade the coordinator or fix the agent");
+      break;
+  }
+  if (!status.ok()) ReplyError(id, seq, status, job);
+}
+
+void Coordinator::HandleHello(SessionId id, uint64_t seq,
+                              const v1::Hello& hello) {
+  Session* session = sessions_.Find(id);
+  absl::Status status =
+      ValidateIdentifier("Hello.node_name", hello.node_name());
+  if (status.ok()) {
+    status = ValidateIdentifier("Hello.agent_instance", hello.agent_instance());
+  }
+  if (!status.ok()) {
+    ReplyError(id, seq, status);
+    session->channel->Close(status);
+    sessions_.Remove(id);
+    return;
+  }
+  v1::Hello bounded = hello;
+  bounded.set_agent_version(hello.agent_version().substr(0, 128));
+  if (Session* previous = sessions_.SetIdentity(*session, bounded)) {
+    // The agent reconnected before its old session was noticed gone: the
+    // memberships move over and the old stream is ended without a loss.
+    jobs_.MoveMemberships(*previous, *session);
+    previous->channel->Close(
+        absl::AbortedError("replaced by a newer session of the same agent"));
+    sessions_.Remove(previous->id);
+  }
+  LOG(INFO) << "node=" << session->node_name << " session " << id
+            << " opened (agent " << session->agent_instance << ", version \""
+            << session->agent_version << "\")";
+  v1::CoordinatorMessage accepted;
+  accepted.set_reply_to(seq);
+  auto* body = accepted.mutable_session_accepted();
+  body->set_session_id(id.value());
+  body->set_coordinator_instance(instance_);
+  body->set_heartbeat_interval_ms(
+      absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  body->set_liveness_timeout_ms(
+      absl::ToInt64Milliseconds(options_.liveness_timeout));
+  body->set_report_interval_ms(
+      absl::ToInt64Milliseconds(options_.report_interval));
+  session->channel->Send(std::move(accepted));
+}
+
+void Coordinator::HandleManifest(SessionId id, uint64_t seq,
+                                 const v1::Manifest& manifest) {
+  const Session* session = sessions_.Find(id);
+  absl::Status status = jobs_.CheckCurrent(
+      manifest.job(), manifest.generation(), session->node_name);
+  if (!status.ok()) {
+    ReplyError(id, seq, status, manifest.job(), manifest.generation());
+    return;
+  }
+  const v1::Membership& membership = *jobs_.Membership(manifest.job());
+  absl::StatusOr<TensorPlanManager::ManifestOutcome> outcome =
+      plans_.OnManifest(membership, session->node_name, manifest,
+                        steps_.GlobalStep(manifest.job()));
+  if (!outcome.ok()) {
+    ReplyError(id, seq, outcome.status(), manifest.job(),
+               manifest.generation());
+    return;
+  }
+  for (const v1::TensorMismatch& mismatch : outcome->mismatches) {
+    std::string text;
+    for (const v1::TensorMismatchStatus& known :
+         plans_.Mismatches(manifest.job())) {
+      if (known.tensor() == mismatch.tensor() &&
+          known.field() == mismatch.field()) {
+        text = known.message();
+      }
+    }
+    jobs_.RecordEvent(manifest.job(), "mismatch", text);
+    v1::CoordinatorMessage error;
+    auto* body = error.mutable_error();
+    body->set_code(static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
+    body->set_message(text);
+    body->set_job(manifest.job());
+    body->set_generation(manifest.generation());
+    *body->mutable_mismatch() = mismatch;
+    jobs_.Broadcast(manifest.job(), error);
+  }
+  if (outcome->plan.has_value()) {
+    const v1::PlanSummary summary = plans_.Summary(manifest.job());
+    jobs_.RecordEvent(
+        manifest.job(), "plan",
+        absl::StrCat("version ", summary.version(), " effective from step ",
+                     summary.effective_step(), ": ", summary.num_tensors(),
+                     " tensors, ", summary.total_bytes(), " bytes, ",
+                     summary.num_partitions(), " partitions"));
+    v1::CoordinatorMessage plan;
+    *plan.mutable_plan() = *std::move(outcome->plan);
+    jobs_.Broadcast(manifest.job(), plan);
+  }
+}
+
+void Coordinator::HandleStepReport(SessionId id, uint64_t seq,
+                                   const v1::StepReport& report) {
+  const Session* session = sessions_.Find(id);
+  absl::Status status =
+      jobs_.CheckCurrent(report.job(), report.generation(), session->node_name);
+  if (status.ok()) {
+    status = steps_.OnReport(session->node_name, report, clock_->Now());
+  }
+  if (!status.ok()) {
+    ReplyError(id, seq, status, report.job(), report.generation());
+  }
+}
+
+void Coordinator::ReplyError(SessionId id, uint64_t seq,
+                             const absl::Status& status, const std::string& job,
+                             int64_t generation) {
+  v1::CoordinatorMessage error;
+  error.set_reply_to(seq);
+  auto* body = error.mutable_error();
+  body->set_code(static_cast<int32_t>(status.code()));
+  body->set_message(std::string(status.message()));
+  body->set_job(job.substr(0, 128));
+  body->set_generation(generation);
+  sessions_.Send(id, error);
+}
+
+void Coordinator::OnSessionClosed(SessionId id, const std::string& why) {
+  Session* session = sessions_.Find(id);
+  if (session == nullptr) return;
+  if (!shutting_down_ && session->said_hello()) {
+    LOG(INFO) << "node=" << session->node_name << " session " << id
+              << " ended: " << why;
+    jobs_.OnSessionLost(
+        *session,
+        absl::StrCat("lost its session to the coordinator (", why, ")"));
+  }
+  sessions_.Remove(id);
+}
+
+void Coordinator::StoreSet(const v1::StoreSetRequest& request,
+                           std::function<void(absl::Status)> done) {
+  absl::Status status = jobs_.CheckCurrent(request.scope().job(),
+                                           request.scope().generation(), "");
+  done(status.ok() ? store_.Set(request) : status);
+}
+
+void Coordinator::StoreGet(const v1::StoreGetRequest& request,
+                           RendezvousStore::GetCallback done) {
+  absl::Status status = jobs_.CheckCurrent(request.scope().job(),
+                                           request.scope().generation(), "");
+  if (!status.ok()) {
+    done(status);
+    return;
+  }
+  store_.Get(request, clock_->Now(), std::move(done));
+}
+
+void Coordinator::StoreAdd(const v1::StoreAddRequest& request,
+                           std::function<void(absl::StatusOr<int64_t>)> done) {
+  absl::Status status = jobs_.CheckCurrent(request.scope().job(),
+                                           request.scope().generation(), "");
+  if (!status.ok()) {
+    done(status);
+    return;
+  }
+  done(store_.Add(request));
+}
+
+v1::ListJobsResponse Coordinator::ListJobs() const {
+  v1::ListJobsResponse response;
+  for (const std::string& name : jobs_.JobNames()) {
+    absl::StatusOr<v1::JobStatus> status = GetJob(name);
+    if (status.ok()) *response.add_jobs() = *std::move(status);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::JobStatus> Coordinator::GetJob(
+    const std::string& job) const {
+  v1::JobStatus status;
+  absl::Status found = jobs_.FillStatus(job, &status);
+  if (!found.ok()) return found;
+  steps_.FillStatus(
+      job, clock_->Now(),
+      [&](uint32_t id) { return plans_.TensorName(job, id); }, &status);
+  *status.mutable_plan() = plans_.Summary(job);
+  for (v1::TensorMismatchStatus& mismatch : plans_.Mismatches(job)) {
+    *status.add_mismatches() = std::move(mismatch);
+  }
+  return status;
+}
+
+void Coordinator::Tick() {
+  const absl::Time now = clock_->Now();
+  for (SessionId id : sessions_.Silent(now, options_.liveness_timeout)) {
+    Session* session = sessions_.Find(id);
+    const std::string silence =
+        absl::StrFormat("no message for %.1f s",
+                        absl::ToDoubleSeconds(now - session->last_seen));
+    session->channel->Close(absl::DeadlineExceededError(
+        absl::StrCat("the coordinator heard nothing from this agent (", silence,
+                     ") and counts it as lost: reconnect and rejoin")));
+    if (session->said_hello()) {
+      jobs_.OnSessionLost(
+          *session,
+          absl::StrCat("missed its liveness deadline (", silence, ")"));
+    }
+    sessions_.Remove(id);
+  }
+  jobs_.Tick();
+  store_.Tick(now);
+  for (const std::string& job : jobs_.JobNames()) {
+    if (jobs_.Membership(job) == nullptr) continue;
+    for (const v1::Stall& stall : steps_.TakeNewStalls(
+             job, now,
+             [&](uint32_t id) { return plans_.TensorName(job, id); })) {
+      jobs_.RecordEvent(job, "stall", StallText(stall));
+    }
+  }
+}
+
+void Coordinator::Shutdown(const std::string& reason) {
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  LOG(INFO) << "shutting down: " << reason << "; telling " << sessions_.size()
+            << " agent(s)";
+  v1::CoordinatorMessage message;
+  message.mutable_shutdown()->set_reason(reason);
+  message.mutable_shutdown()->set_retry_after_ms(
+      absl::ToInt64Milliseconds(options_.shutdown_retry_after));
+  for (SessionId id : sessions_.All()) {
+    Session* session = sessions_.Find(id);
+    session->channel->Send(message);
+    session->channel->Close(absl::UnavailableError(reason));
+    sessions_.Remove(id);
+  }
+  for (const std::string& job : jobs_.JobNames()) {
+    store_.RemoveJob(job, absl::UnavailableError(reason));
+  }
+}
+
+void Coordinator::OnGenerationSealed(const v1::Membership& membership) {
+  const std::string& job = membership.job();
+  store_.OpenGeneration(job, membership.generation());
+  steps_.OnGenerationSealed(membership);
+  std::optional<v1::TensorPlan> plan =
+      plans_.OnGenerationSealed(membership, jobs_.PartitionBytes(job));
+  if (plan.has_value()) {
+    v1::CoordinatorMessage message;
+    *message.mutable_plan() = *std::move(plan);
+    jobs_.Broadcast(job, message);
+  }
+}
+
+void Coordinator::OnGenerationAborted(const std::string& job,
+                                      int64_t generation,
+                                      const std::string& reason) {
+  store_.AbortGeneration(job, generation, absl::AbortedError(reason));
+}
+
+void Coordinator::OnJobEnded(const std::string& job,
+                             const std::string& reason) {
+  store_.RemoveJob(job, absl::FailedPreconditionError(
+                            absl::StrCat("job \"", job, "\" ended: ", reason)));
+}
+
+void Coordinator::OnJobRemoved(const std::string& job) {
+  store_.RemoveJob(job, absl::FailedPreconditionError(absl::StrCat(
+                            "job \"", job, "\" is gone from the coordinator")));
+  steps_.RemoveJob(job);
+  plans_.RemoveJob(job);
+}
+
+void Coordinator::OnJobRecovered(const v1::Membership& membership,
+                                 const v1::RejoinJob& rejoin,
+                                 const std::string& node_name, bool created) {
+  const std::string& job = membership.job();
+  if (created) {
+    store_.OpenGeneration(job, membership.generation());
+    steps_.OnGenerationSealed(membership);
+    plans_.OnGenerationSealed(membership, jobs_.PartitionBytes(job));
+  }
+  steps_.Recover(job, node_name, rejoin.completed_step());
+  if (rejoin.has_plan() && rejoin.plan().version() > 0) {
+    absl::Status status = plans_.Recover(job, rejoin.plan());
+    if (!status.ok()) {
+      jobs_.RecordEvent(
+          job, "mismatch",
+          absl::StrCat("node ", node_name,
+                       " reported a different plan: ", status.message()));
+    }
+  }
+}
+
+}  // namespace baton

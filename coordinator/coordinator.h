@@ -1,0 +1,101 @@
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "baton/v1/coordinator.pb.h"
+#include "baton/v1/rendezvous.pb.h"
+#include "baton/v1/status.pb.h"
+#include "common/clock.h"
+#include "common/ids.h"
+#include "coordinator/agent_channel.h"
+#include "coordinator/coordinator_options.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/rendezvous_store.h"
+#include "coordinator/session_manager.h"
+#include "coordinator/step_manager.h"
+#include "coordinator/tensor_plan_manager.h"
+
+namespace baton {
+
+// The coordinator's state and logic, free of gRPC: it wires the managers
+// together in dependency order (sessions -> jobs -> plan, steps, store) and
+// dispatches agent messages to them.
+//
+// Not thread-safe: every method runs on the control loop's thread. The gRPC
+// adapters post calls to the loop; tests call the methods directly and move
+// a FakeClock.
+class Coordinator : private JobListener {
+ public:
+  Coordinator(const CoordinatorOptions& options, Clock* clock);
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Agent sessions. `id` is chosen by the caller and unique per process.
+  void OnSessionOpened(SessionId id, std::shared_ptr<AgentChannel> channel);
+  void OnAgentMessage(SessionId id, const v1::AgentMessage& message);
+  // Idempotent; `why` says how the stream ended.
+  void OnSessionClosed(SessionId id, const std::string& why);
+
+  // Rendezvous store. Callbacks run on the loop thread.
+  void StoreSet(const v1::StoreSetRequest& request,
+                std::function<void(absl::Status)> done);
+  void StoreGet(const v1::StoreGetRequest& request,
+                RendezvousStore::GetCallback done);
+  void StoreAdd(const v1::StoreAddRequest& request,
+                std::function<void(absl::StatusOr<int64_t>)> done);
+
+  // Status API.
+  v1::ListJobsResponse ListJobs() const;
+  absl::StatusOr<v1::JobStatus> GetJob(const std::string& job) const;
+
+  // Periodic work: liveness and reconnect deadlines, re-form timeouts,
+  // expired store waits, stall detection, retention of ended jobs.
+  void Tick();
+
+  // Tells every agent the coordinator is going away and closes every
+  // session (UNAVAILABLE) without counting their nodes as lost; fails
+  // waiting store requests. Later sessions are refused.
+  void Shutdown(const std::string& reason);
+
+  const CoordinatorOptions& options() const { return options_; }
+
+ private:
+  // JobListener: consequences of membership changes for the other managers.
+  void OnGenerationSealed(const v1::Membership& membership) override;
+  void OnGenerationAborted(const std::string& job, int64_t generation,
+                           const std::string& reason) override;
+  void OnJobEnded(const std::string& job, const std::string& reason) override;
+  void OnJobRemoved(const std::string& job) override;
+  void OnJobRecovered(const v1::Membership& membership,
+                      const v1::RejoinJob& rejoin, const std::string& node_name,
+                      bool created) override;
+
+  void HandleHello(SessionId id, uint64_t seq, const v1::Hello& hello);
+  void HandleManifest(SessionId id, uint64_t seq, const v1::Manifest& manifest);
+  void HandleStepReport(SessionId id, uint64_t seq,
+                        const v1::StepReport& report);
+  // Sends an error about request `seq` to session `id`.
+  void ReplyError(SessionId id, uint64_t seq, const absl::Status& status,
+                  const std::string& job = "", int64_t generation = 0);
+
+  // Constant after construction.
+  const CoordinatorOptions options_;
+  Clock* const clock_;
+  // Random per process; tells agents the coordinator restarted.
+  const std::string instance_;
+
+  // Managers, in dependency order.
+  SessionManager sessions_;
+  TensorPlanManager plans_;
+  StepManager steps_;
+  RendezvousStore store_;
+  JobManager jobs_;
+
+  bool shutting_down_ = false;
+};
+
+}  // namespace baton

@@ -1,0 +1,36 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace baton {
+
+// Every tunable of the coordinator; main.cc fills it from flags.
+struct CoordinatorOptions {
+  // Agents send a heartbeat this often when otherwise silent.
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+  // A session silent this long is lost. With the tick, a lost node is
+  // detected within liveness_timeout + tick_interval.
+  absl::Duration liveness_timeout = absl::Seconds(6);
+  // Agents send step reports this often.
+  absl::Duration report_interval = absl::Seconds(1);
+  // How often the control loop checks deadlines.
+  absl::Duration tick_interval = absl::Milliseconds(100);
+  // A tensor waited on this long by some ranks is a stall.
+  absl::Duration stall_threshold = absl::Seconds(10);
+  // A re-forming job that is not whole again within this fails.
+  absl::Duration reform_timeout = absl::Seconds(60);
+  // Ended jobs stay visible in status this long.
+  absl::Duration job_retention = absl::Minutes(10);
+  // Partition size of jobs that do not ask for one.
+  int64_t partition_bytes = int64_t{4} << 20;
+  // Recent events kept per job.
+  int events_per_job = 100;
+  // Agents are told to reconnect after this long when the coordinator shuts
+  // down.
+  absl::Duration shutdown_retry_after = absl::Seconds(1);
+};
+
+}  // namespace baton

@@ -1,0 +1,224 @@
+#include "coordinator/grpc/agent_session_service.h"
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_util.h"
+#include "common/ids.h"
+#include "coordinator/agent_channel.h"
+
+namespace baton {
+namespace {
+
+using SessionStream =
+    grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>;
+
+// The outbound half of one stream: a queue with exactly one write in flight,
+// and the one place that decides when the stream is finished, so that Finish
+// is called exactly once and never while a write is outstanding.
+//
+// gRPC calls (StartWrite, Finish) are made outside mu_: a reaction may run on
+// another thread at any time after them, and must be free to take mu_.
+// Calling them through the raw reactor pointer outside the lock is safe
+// because the reactor cannot reach OnDone before Finish, and only the thread
+// that claimed the Finish (under mu_) calls it, after the last write's
+// OnWriteDone.
+class StreamChannel final : public AgentChannel {
+ public:
+  explicit StreamChannel(SessionStream* stream) : stream_(stream) {}
+
+  void Send(v1::CoordinatorMessage message) override {
+    absl::ReleasableMutexLock lock(&mu_);
+    if (stream_ == nullptr || finish_requested_) return;
+    outbound_.push_back(std::move(message));
+    Advance(lock);
+  }
+
+  void Close(const absl::Status& status) override {
+    RequestFinish(ToGrpcStatus(status), /*drop_queued=*/false);
+  }
+
+  // Finishes with `status` once the queued messages are written, or at once
+  // with `drop_queued` (the stream is broken: they could not be delivered).
+  // Only the first request counts.
+  void RequestFinish(grpc::Status status, bool drop_queued) {
+    absl::ReleasableMutexLock lock(&mu_);
+    if (stream_ == nullptr) return;
+    if (drop_queued) outbound_.clear();
+    if (finish_requested_) return;
+    finish_requested_ = true;
+    finish_status_ = std::move(status);
+    Advance(lock);
+  }
+
+  void OnWriteDone(bool ok) {
+    absl::ReleasableMutexLock lock(&mu_);
+    write_in_flight_ = false;
+    if (!ok) {
+      // No later write can succeed; the stream still has to be finished.
+      outbound_.clear();
+      if (!finish_requested_) {
+        finish_requested_ = true;
+        finish_status_ =
+            grpc::Status(grpc::StatusCode::CANCELLED,
+                         "writing to the agent failed: the stream is broken");
+      }
+    }
+    Advance(lock);
+  }
+
+  // True once the stream is being finished: no more reads are needed.
+  bool finishing() const {
+    absl::MutexLock lock(&mu_);
+    return finish_requested_;
+  }
+
+  // Called from the reactor's OnDone: everything later is dropped.
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    stream_ = nullptr;
+    outbound_.clear();
+  }
+
+ private:
+  // Starts the next write, or the Finish once the queue is empty, unless a
+  // write is in flight. Releases `lock`.
+  void Advance(absl::ReleasableMutexLock& lock)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    SessionStream* const stream = stream_;
+    if (stream == nullptr || write_in_flight_ || finish_called_) {
+      lock.Release();
+      return;
+    }
+    if (!outbound_.empty()) {
+      write_in_flight_ = true;
+      in_flight_ = std::move(outbound_.front());
+      outbound_.pop_front();
+      const v1::CoordinatorMessage* message = &in_flight_;
+      lock.Release();
+      stream->StartWrite(message);
+      return;
+    }
+    if (finish_requested_) {
+      finish_called_ = true;
+      grpc::Status status = finish_status_;
+      lock.Release();
+      stream->Finish(std::move(status));
+      return;
+    }
+    lock.Release();
+  }
+
+  mutable absl::Mutex mu_;
+  // Null once the reactor is done.
+  SessionStream* stream_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::CoordinatorMessage> outbound_ ABSL_GUARDED_BY(mu_);
+  // The message being written; untouched until its OnWriteDone.
+  v1::CoordinatorMessage in_flight_ ABSL_GUARDED_BY(mu_);
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+// One AgentSession stream. Reactions only translate and Post to the loop;
+// they never block. Deletes itself in OnDone.
+class AgentSessionService::Reactor final : public SessionStream {
+ public:
+  Reactor(AgentSessionService* service, SessionId id)
+      : service_(service),
+        id_(id),
+        channel_(std::make_shared<StreamChannel>(this)) {
+    {
+      absl::MutexLock lock(&service_->mu_);
+      ++service_->open_sessions_;
+    }
+    std::shared_ptr<AgentChannel> channel = channel_;
+    service_->loop_->Post(
+        [coordinator = service_->coordinator_, id = id_, channel]() {
+          coordinator->OnSessionOpened(id, channel);
+        });
+    StartRead(&inbound_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      PostClosed("the agent closed its stream");
+      channel_->RequestFinish(grpc::Status::OK, /*drop_queued=*/false);
+      return;
+    }
+    service_->loop_->Post([coordinator = service_->coordinator_, id = id_,
+                           message = std::move(inbound_)]() {
+      coordinator->OnAgentMessage(id, message);
+    });
+    inbound_.Clear();
+    if (!channel_->finishing()) StartRead(&inbound_);
+  }
+
+  void OnWriteDone(bool ok) override { channel_->OnWriteDone(ok); }
+
+  void OnCancel() override {
+    PostClosed(
+        "the stream was cancelled (the agent went away, or the coordinator "
+        "is shutting down)");
+    channel_->RequestFinish(
+        grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled"),
+        /*drop_queued=*/true);
+  }
+
+  void OnDone() override {
+    channel_->Detach();
+    PostClosed("the stream ended");
+    AgentSessionService* const service = service_;
+    delete this;
+    absl::MutexLock lock(&service->mu_);
+    --service->open_sessions_;
+  }
+
+ private:
+  void PostClosed(std::string why) {
+    service_->loop_->Post(
+        [coordinator = service_->coordinator_, id = id_,
+         why = std::move(why)]() { coordinator->OnSessionClosed(id, why); });
+  }
+
+  // Constant after construction.
+  AgentSessionService* const service_;
+  const SessionId id_;
+  const std::shared_ptr<StreamChannel> channel_;
+
+  // Only touched by StartRead and OnReadDone, which never overlap.
+  v1::AgentMessage inbound_;
+};
+
+AgentSessionService::AgentSessionService(ControlLoop* loop,
+                                         Coordinator* coordinator)
+    : loop_(loop), coordinator_(coordinator) {}
+
+grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>*
+AgentSessionService::AgentSession(grpc::CallbackServerContext* /*context*/) {
+  const SessionId id(next_session_id_.fetch_add(1, std::memory_order_relaxed));
+  return new Reactor(this, id);
+}
+
+bool AgentSessionService::WaitUntilNoSessions(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  const auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return open_sessions_ == 0;
+  };
+  return mu_.AwaitWithDeadline(absl::Condition(&none), deadline);
+}
+
+int AgentSessionService::open_sessions() const {
+  absl::MutexLock lock(&mu_);
+  return open_sessions_;
+}
+
+}  // namespace baton

@@ -1,0 +1,81 @@
+#include "coordinator/grpc/coordinator_server.h"
+
+#include <glog/logging.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_util.h"
+
+namespace baton {
+
+CoordinatorServer::CoordinatorServer(const CoordinatorOptions& options,
+                                     Clock* clock)
+    : clock_(clock),
+      tick_interval_(options.tick_interval),
+      coordinator_(options, clock),
+      agent_sessions_(&loop_, &coordinator_),
+      rendezvous_(&loop_, &coordinator_),
+      status_(&loop_, &coordinator_) {}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(absl::ZeroDuration()); }
+
+absl::StatusOr<int> CoordinatorServer::Start(const std::string& listen_address,
+                                             int max_message_bytes) {
+  CHECK(server_ == nullptr) << "CoordinatorServer::Start called twice";
+  EnableStandardServices();
+  grpc::ServerBuilder builder;
+  ApplyServerDefaults(builder, max_message_bytes);
+  int port = 0;
+  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&agent_sessions_);
+  builder.RegisterService(&rendezvous_);
+  builder.RegisterService(&status_);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port == 0) {
+    server_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", listen_address,
+        ": the address is not a local address of this host, or the port is "
+        "in use; choose another --listen"));
+  }
+  loop_thread_ = std::thread([this] {
+    loop_.Run(clock_, tick_interval_, [this] { coordinator_.Tick(); });
+  });
+  return port;
+}
+
+void CoordinatorServer::Shutdown(absl::Duration grace) {
+  if (server_ == nullptr || shut_down_) return;
+  shut_down_ = true;
+  if (grpc::HealthCheckServiceInterface* health =
+          server_->GetHealthCheckService()) {
+    health->SetServingStatus(false);
+  }
+  loop_.Post([this] {
+    coordinator_.Shutdown("the coordinator is shutting down (SIGTERM)");
+  });
+  const absl::Time deadline = absl::Now() + grace;
+  // Let every session deliver its shutdown message and end before the
+  // server's GOAWAY: with gRPC 1.51, a GOAWAY racing the sessions' last
+  // writes was sometimes never sent, holding Shutdown for the whole grace.
+  if (!agent_sessions_.WaitUntilNoSessions(deadline)) {
+    LOG(WARNING) << agent_sessions_.open_sessions()
+                 << " agent session(s) still open after the grace period; "
+                    "cancelling them";
+  }
+  // Waits for the other calls in progress, cancelling what is left at the
+  // deadline. The loop keeps running meanwhile: the calls finish through it.
+  server_->Shutdown(absl::ToChronoTime(deadline));
+  server_->Wait();
+  loop_.Stop();
+  loop_thread_.join();
+  // Tasks posted by the last reactions (their sessions' ends) still run, on
+  // this thread now that the loop's is gone.
+  loop_.RunUntilIdle();
+}
+
+}  // namespace baton

@@ -1,0 +1,65 @@
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "coordinator/control_loop.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/coordinator_options.h"
+#include "coordinator/grpc/agent_session_service.h"
+#include "coordinator/grpc/rendezvous_service.h"
+#include "coordinator/grpc/status_service.h"
+
+namespace baton {
+
+// A running coordinator: the Coordinator, the control loop thread that owns
+// it, and the gRPC server with the agent-session, rendezvous, status, health
+// and reflection services.
+//
+// Start, Shutdown and the destructor are called from one thread (main's);
+// the Coordinator inside is only touched on the loop thread.
+class CoordinatorServer {
+ public:
+  // `clock` must outlive this object.
+  CoordinatorServer(const CoordinatorOptions& options, Clock* clock);
+  CoordinatorServer(const CoordinatorServer&) = delete;
+  CoordinatorServer& operator=(const CoordinatorServer&) = delete;
+  // Shuts down with no grace if Start succeeded and Shutdown was not called.
+  ~CoordinatorServer();
+
+  // Binds `listen_address` ("host:port"; port 0 picks a free port), starts
+  // serving and starts the control loop. Returns the bound port. Call once.
+  absl::StatusOr<int> Start(const std::string& listen_address,
+                            int max_message_bytes);
+
+  // Reports NOT_SERVING, tells every agent the coordinator is going away and
+  // closes their sessions, stops accepting calls, waits up to `grace` for
+  // calls in progress and cancels the rest, then stops the control loop.
+  // Later calls do nothing.
+  void Shutdown(absl::Duration grace);
+
+ private:
+  // Constant after construction.
+  Clock* const clock_;
+  const absl::Duration tick_interval_;
+
+  ControlLoop loop_;
+  // Only touched on the loop thread once it runs (and on this thread before
+  // it starts and after it is joined).
+  Coordinator coordinator_;
+  AgentSessionService agent_sessions_;
+  RendezvousService rendezvous_;
+  StatusService status_;
+
+  std::unique_ptr<grpc::Server> server_;
+  std::thread loop_thread_;
+  bool shut_down_ = false;
+};
+
+}  // namespace baton

@@ -1,0 +1,33 @@
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "baton/v1/status.grpc.pb.h"
+#include "coordinator/control_loop.h"
+#include "coordinator/coordinator.h"
+
+namespace baton {
+
+// The gRPC edge of the status API: each call is answered on the control
+// loop, which owns the job state it reads.
+//
+// Thread-safe. `loop` and `coordinator` must outlive the server this service
+// is registered with.
+class StatusService final : public v1::Status::CallbackService {
+ public:
+  StatusService(ControlLoop* loop, Coordinator* coordinator);
+
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request,
+                                   v1::JobStatus* response) override;
+
+ private:
+  // Constant after construction.
+  ControlLoop* const loop_;
+  Coordinator* const coordinator_;
+};
+
+}  // namespace baton

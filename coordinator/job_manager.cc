@@ -1,0 +1,880 @@
+#include "coordinator/job_manager.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "common/validation.h"
+#include "glog/logging.h"
+
+namespace baton {
+namespace {
+
+constexpr int32_t kMaxNodes = 100000;
+constexpr int32_t kMaxLocalSize = 1024;
+constexpr int64_t kMaxPartitionBytes = int64_t{1} << 30;
+
+std::string StateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_FORMING:
+      return "forming";
+    case v1::JOB_STATE_RUNNING:
+      return "running";
+    case v1::JOB_STATE_REFORMING:
+      return "re-forming";
+    case v1::JOB_STATE_FAILED:
+      return "failed";
+    case v1::JOB_STATE_FINISHED:
+      return "finished";
+    default:
+      return "unknown";
+  }
+}
+
+bool Ended(v1::JobState state) {
+  return state == v1::JOB_STATE_FAILED || state == v1::JOB_STATE_FINISHED;
+}
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
+}
+
+// Checks the sizing fields JoinJob and RejoinJob share; `message` names the
+// message in errors.
+absl::Status ValidateSizing(const std::string& message, int32_t expected_nodes,
+                            int32_t min_nodes, int64_t partition_bytes) {
+  if (expected_nodes < 1 || expected_nodes > kMaxNodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(message, ".expected_nodes is ", expected_nodes,
+                     ": give the job's node count, 1..", kMaxNodes));
+  }
+  if (min_nodes < 0 || min_nodes > expected_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        message, ".min_nodes is ", min_nodes, ": it must be in 0..",
+        expected_nodes, " (expected_nodes; 0 means expected_nodes)"));
+  }
+  if (partition_bytes != 0 &&
+      (partition_bytes < 8 || partition_bytes > kMaxPartitionBytes ||
+       partition_bytes % 8 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        message, ".partition_bytes is ", partition_bytes,
+        ": give 0 (the coordinator's default) or a multiple of 8 in 8..",
+        kMaxPartitionBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLocalSize(const std::string& what, int32_t local_size) {
+  if (local_size < 1 || local_size > kMaxLocalSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is ", local_size,
+        ": give the number of trainers on the node, 1..", kMaxLocalSize));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct JobManager::Member {
+  std::string node_name;
+  std::string data_address;
+  int32_t local_size = 0;
+  std::string agent_instance;
+  // The member's session while connected.
+  SessionId session;
+  bool connected = true;
+  // A recovered member not yet reconnected is lost at this time.
+  absl::Time reconnect_deadline;
+  // In the sealed generation; -1 before the member's first seal.
+  int32_t node_rank = -1;
+  int32_t rank_offset = 0;
+  absl::Time joined;
+  // Left with finished=true.
+  bool finished = false;
+};
+
+struct JobManager::Job {
+  std::string name;
+  v1::JobState state = v1::JOB_STATE_FORMING;
+  std::string reason;
+  // The sealed generation while running; otherwise the generation the next
+  // seal will have.
+  int64_t generation = 1;
+  int32_t expected_nodes = 0;
+  // Resolved: never 0.
+  int32_t min_nodes = 0;
+  int64_t partition_bytes = 0;
+  // Who created the job, for error messages about disagreeing joins.
+  std::string creator;
+  absl::Time created;
+  absl::Time ended;
+  absl::Time reform_deadline;
+  // Sealed members in node-rank order, then newcomers in join order.
+  std::vector<Member> members;
+  // The last sealed membership.
+  v1::Membership membership;
+  // Some member left with finished=true: the others are leaving too.
+  bool finishing = false;
+  std::deque<v1::JobEvent> events;
+};
+
+JobManager::JobManager(const CoordinatorOptions& options, Clock* clock,
+                       SessionManager* sessions, JobListener* listener)
+    : options_(options),
+      clock_(clock),
+      sessions_(sessions),
+      listener_(listener) {}
+
+JobManager::~JobManager() = default;
+
+JobManager::Job* JobManager::FindJob(const std::string& job) {
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+const JobManager::Job* JobManager::FindJob(const std::string& job) const {
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+JobManager::Member* JobManager::FindMember(Job& job,
+                                           const std::string& node_name) {
+  for (Member& member : job.members) {
+    if (member.node_name == node_name) return &member;
+  }
+  return nullptr;
+}
+
+absl::Status JobManager::CheckJoinMatchesJob(const Job& job,
+                                             const v1::JoinJob& join,
+                                             const Session& session) const {
+  const int32_t min_nodes =
+      join.min_nodes() == 0 ? join.expected_nodes() : join.min_nodes();
+  const int64_t partition_bytes = join.partition_bytes() == 0
+                                      ? options_.partition_bytes
+                                      : join.partition_bytes();
+  const auto disagree = [&](const char* field, int64_t theirs, int64_t ours) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JoinJob.", field, " is ", theirs, " from node \"",
+                     session.node_name, "\" but job \"", job.name, "\" has ",
+                     field, "=", ours, " (set by node \"", job.creator,
+                     "\"): give every agent of the job the same value"));
+  };
+  if (join.expected_nodes() != job.expected_nodes) {
+    return disagree("expected_nodes", join.expected_nodes(),
+                    job.expected_nodes);
+  }
+  if (min_nodes != job.min_nodes) {
+    return disagree("min_nodes", min_nodes, job.min_nodes);
+  }
+  if (partition_bytes != job.partition_bytes) {
+    return disagree("partition_bytes", partition_bytes, job.partition_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::Join(Session& session, uint64_t seq,
+                              const v1::JoinJob& join) {
+  BATON_RETURN_IF_ERROR(ValidateIdentifier("JoinJob.job", join.job()));
+  BATON_RETURN_IF_ERROR(
+      ValidateHostPort("JoinJob.data_address", join.data_address()));
+  BATON_RETURN_IF_ERROR(
+      ValidateLocalSize("JoinJob.local_size", join.local_size()));
+  BATON_RETURN_IF_ERROR(ValidateSizing("JoinJob", join.expected_nodes(),
+                                       join.min_nodes(),
+                                       join.partition_bytes()));
+  const absl::Time now = clock_->Now();
+  Job* job = FindJob(join.job());
+  if (job != nullptr && Ended(job->state)) {
+    // A finished or failed job's name may be reused by a new run.
+    LOG(INFO) << "job=" << join.job() << " " << StateName(job->state)
+              << " job replaced by a new run (join from node "
+              << session.node_name << ")";
+    jobs_.erase(join.job());
+    listener_->OnJobRemoved(join.job());
+    job = nullptr;
+  }
+  if (job == nullptr) {
+    auto created = std::make_unique<Job>();
+    created->name = join.job();
+    created->generation = last_generation_[join.job()] + 1;
+    created->expected_nodes = join.expected_nodes();
+    created->min_nodes =
+        join.min_nodes() == 0 ? join.expected_nodes() : join.min_nodes();
+    created->partition_bytes = join.partition_bytes() == 0
+                                   ? options_.partition_bytes
+                                   : join.partition_bytes();
+    created->creator = session.node_name;
+    created->created = now;
+    job = created.get();
+    jobs_[join.job()] = std::move(created);
+  } else {
+    BATON_RETURN_IF_ERROR(CheckJoinMatchesJob(*job, join, session));
+  }
+
+  if (Member* existing = FindMember(*job, session.node_name)) {
+    if (existing->agent_instance != session.agent_instance) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "node name \"", session.node_name, "\" is already a member of job \"",
+          job->name, "\" (agent at ", existing->data_address,
+          "): give each agent a unique node name"));
+    }
+    if (existing->data_address != join.data_address() ||
+        existing->local_size != join.local_size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node \"", session.node_name, "\" already joined job \"", job->name,
+          "\" with data_address ", existing->data_address, " and local_size ",
+          existing->local_size, ": leave the job before joining differently"));
+    }
+    // The same agent joining again (for example after a reconnect): answer
+    // as if it were the first time.
+    existing->session = session.id;
+    existing->connected = true;
+    session.jobs.insert(job->name);
+    v1::CoordinatorMessage accepted;
+    accepted.set_reply_to(seq);
+    auto* body = accepted.mutable_join_accepted();
+    body->set_job(job->name);
+    body->set_state(job->state);
+    body->set_nodes_joined(static_cast<int32_t>(job->members.size()));
+    body->set_expected_nodes(job->expected_nodes);
+    sessions_->Send(session.id, accepted);
+    if (job->state == v1::JOB_STATE_RUNNING && existing->node_rank >= 0) {
+      v1::CoordinatorMessage membership;
+      *membership.mutable_membership() = job->membership;
+      sessions_->Send(session.id, membership);
+    }
+    return absl::OkStatus();
+  }
+
+  const bool running = job->state == v1::JOB_STATE_RUNNING;
+  if (running &&
+      static_cast<int32_t>(job->members.size()) >= job->expected_nodes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", job->name, "\" is sealed and full (generation ",
+        job->generation, " has ", job->members.size(), " of ",
+        job->expected_nodes,
+        " nodes): start the new node under another job name, or raise "
+        "expected_nodes for a new run"));
+  }
+
+  Member member;
+  member.node_name = session.node_name;
+  member.data_address = join.data_address();
+  member.local_size = join.local_size();
+  member.agent_instance = session.agent_instance;
+  member.session = session.id;
+  member.joined = now;
+  job->members.push_back(std::move(member));
+  session.jobs.insert(job->name);
+  Event(
+      *job, "join",
+      absl::StrCat("node ", session.node_name, " joined (", join.local_size(),
+                   " trainers, data plane at ", join.data_address(), "); ",
+                   job->members.size(), " of ", job->expected_nodes, " nodes"));
+
+  v1::CoordinatorMessage accepted;
+  accepted.set_reply_to(seq);
+  auto* body = accepted.mutable_join_accepted();
+  body->set_job(job->name);
+  body->set_state(job->state);
+  body->set_nodes_joined(static_cast<int32_t>(job->members.size()));
+  body->set_expected_nodes(job->expected_nodes);
+  sessions_->Send(session.id, accepted);
+
+  if (running) {
+    // A running job below expected_nodes (it re-sealed with min_nodes
+    // survivors) grows: the running generation ends, the next includes the
+    // newcomer.
+    const std::string reason =
+        absl::StrCat("node ", session.node_name, " joined the running job");
+    const int64_t aborted = job->generation;
+    v1::CoordinatorMessage notice;
+    auto* abort = notice.mutable_generation_aborted();
+    abort->set_job(job->name);
+    abort->set_aborted_generation(aborted);
+    abort->set_new_generation(aborted + 1);
+    abort->set_reason(reason);
+    for (const Member& m : job->members) {
+      if (m.node_name != session.node_name) SendToMember(m, notice);
+    }
+    job->generation = aborted + 1;
+    job->state = v1::JOB_STATE_REFORMING;
+    listener_->OnGenerationAborted(job->name, aborted, reason);
+    Seal(*job);
+    return absl::OkStatus();
+  }
+  const int32_t needed = job->state == v1::JOB_STATE_REFORMING
+                             ? job->min_nodes
+                             : job->expected_nodes;
+  if (static_cast<int32_t>(job->members.size()) >= needed) {
+    Seal(*job);
+  } else if (job->state == v1::JOB_STATE_FORMING) {
+    job->reason =
+        absl::StrCat("waiting for ", job->expected_nodes - job->members.size(),
+                     " more node(s) to join");
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::Seal(Job& job) {
+  // Members sealed before keep their relative order; newcomers follow in
+  // join order. std::stable_sort keeps join order among the unranked.
+  std::stable_sort(job.members.begin(), job.members.end(),
+                   [](const Member& a, const Member& b) {
+                     const auto key = [](const Member& m) {
+                       return m.node_rank < 0 ? kMaxNodes : m.node_rank;
+                     };
+                     return key(a) < key(b);
+                   });
+  v1::Membership membership;
+  membership.set_job(job.name);
+  membership.set_generation(job.generation);
+  membership.set_store_prefix(
+      absl::StrCat("baton/", job.name, "/", job.generation, "/"));
+  int32_t offset = 0;
+  for (size_t i = 0; i < job.members.size(); ++i) {
+    Member& member = job.members[i];
+    member.node_rank = static_cast<int32_t>(i);
+    member.rank_offset = offset;
+    offset += member.local_size;
+    v1::NodeInfo* node = membership.add_nodes();
+    node->set_node_name(member.node_name);
+    node->set_data_address(member.data_address);
+    node->set_node_rank(member.node_rank);
+    node->set_local_size(member.local_size);
+    node->set_rank_offset(member.rank_offset);
+  }
+  membership.set_world_size(offset);
+  job.membership = membership;
+  job.state = v1::JOB_STATE_RUNNING;
+  job.reason = absl::StrCat("generation ", job.generation, " sealed with ",
+                            job.members.size(), " nodes, world size ", offset);
+  last_generation_[job.name] = job.generation;
+  Event(job, "sealed", job.reason);
+  v1::CoordinatorMessage message;
+  *message.mutable_membership() = membership;
+  for (const Member& member : job.members) SendToMember(member, message);
+  listener_->OnGenerationSealed(membership);
+}
+
+void JobManager::LoseMember(Job& job, const std::string& node_name,
+                            const std::string& why) {
+  auto it =
+      std::find_if(job.members.begin(), job.members.end(),
+                   [&](const Member& m) { return m.node_name == node_name; });
+  if (it == job.members.end()) return;
+  if (it->connected) {
+    if (Session* session = sessions_->Find(it->session)) {
+      session->jobs.erase(job.name);
+    }
+  }
+  job.members.erase(it);
+  const std::string what = absl::StrCat("node ", node_name, " ", why);
+
+  if (job.state == v1::JOB_STATE_FORMING) {
+    Event(job, "lost", what);
+    if (job.members.empty()) {
+      LOG(INFO) << "job=" << job.name
+                << " forgotten: every node left before it was sealed";
+      const std::string name = job.name;
+      jobs_.erase(name);
+      listener_->OnJobRemoved(name);
+      return;
+    }
+    job.reason =
+        absl::StrCat("waiting for ", job.expected_nodes - job.members.size(),
+                     " more node(s) to join");
+    return;
+  }
+  if (job.finishing) {
+    Event(job, "leave", what);
+    const bool all_finished =
+        std::all_of(job.members.begin(), job.members.end(),
+                    [](const Member& m) { return m.finished; });
+    if (all_finished) {
+      EndJob(job, v1::JOB_STATE_FINISHED,
+             absl::StrCat("training finished (last: ", what, ")"));
+    }
+    return;
+  }
+
+  Event(job, "lost", what);
+  v1::CoordinatorMessage notice;
+  auto* abort = notice.mutable_generation_aborted();
+  abort->set_job(job.name);
+  abort->set_lost_node(node_name);
+  abort->set_reason(what);
+  if (job.state == v1::JOB_STATE_RUNNING) {
+    const int64_t aborted = job.generation;
+    job.generation = aborted + 1;
+    job.state = v1::JOB_STATE_REFORMING;
+    job.reform_deadline = clock_->Now() + options_.reform_timeout;
+    abort->set_aborted_generation(aborted);
+    abort->set_new_generation(job.generation);
+    for (const Member& member : job.members) SendToMember(member, notice);
+    listener_->OnGenerationAborted(job.name, aborted, what);
+  } else {
+    // Re-forming already: the survivors aborted; tell them who else is gone.
+    abort->set_aborted_generation(job.membership.generation());
+    abort->set_new_generation(job.generation);
+    for (const Member& member : job.members) SendToMember(member, notice);
+  }
+  if (job.members.empty()) {
+    EndJob(job, v1::JOB_STATE_FAILED,
+           absl::StrCat("every node was lost (last: ", what, ")"));
+    return;
+  }
+  job.reason =
+      absl::StrCat(what, "; waiting until ", Seconds(options_.reform_timeout),
+                   " after the loss for ",
+                   job.min_nodes - static_cast<int32_t>(job.members.size()),
+                   " more node(s) (have ", job.members.size(), ", need ",
+                   job.min_nodes, ")");
+  Event(job, "reforming", job.reason);
+  if (static_cast<int32_t>(job.members.size()) >= job.min_nodes) Seal(job);
+}
+
+void JobManager::EndJob(Job& job, v1::JobState state,
+                        const std::string& reason) {
+  job.state = state;
+  job.reason = reason;
+  job.ended = clock_->Now();
+  Event(job, state == v1::JOB_STATE_FINISHED ? "finished" : "failed", reason);
+  v1::CoordinatorMessage message;
+  auto* ended = message.mutable_job_ended();
+  ended->set_job(job.name);
+  ended->set_state(state);
+  ended->set_reason(reason);
+  for (Member& member : job.members) {
+    SendToMember(member, message);
+    if (member.connected) {
+      if (Session* session = sessions_->Find(member.session)) {
+        session->jobs.erase(job.name);
+      }
+    }
+    member.connected = false;
+  }
+  listener_->OnJobEnded(job.name, reason);
+}
+
+absl::Status JobManager::Leave(Session& session, const v1::LeaveJob& leave) {
+  BATON_RETURN_IF_ERROR(ValidateIdentifier("LeaveJob.job", leave.job()));
+  Job* job = FindJob(leave.job());
+  if (job == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("LeaveJob.job: job \"", leave.job(),
+                     "\" is unknown to the coordinator"));
+  }
+  Member* member = FindMember(*job, session.node_name);
+  if (member == nullptr || member->session != session.id ||
+      !member->connected) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node \"", session.node_name, "\" is not a member of job \"", job->name,
+        "\" on this session: nothing to leave"));
+  }
+  const std::string reason = leave.reason().empty()
+                                 ? std::string("no reason given")
+                                 : leave.reason().substr(0, 512);
+  if (!leave.finished() || job->state == v1::JOB_STATE_FORMING) {
+    LoseMember(*job, session.node_name, absl::StrCat("left the job: ", reason));
+    return absl::OkStatus();
+  }
+  member->finished = true;
+  member->connected = false;
+  session.jobs.erase(job->name);
+  job->finishing = true;
+  Event(*job, "leave",
+        absl::StrCat("node ", session.node_name, " finished: ", reason));
+  const bool all_finished =
+      std::all_of(job->members.begin(), job->members.end(),
+                  [](const Member& m) { return m.finished; });
+  if (all_finished) {
+    EndJob(*job, v1::JOB_STATE_FINISHED,
+           absl::StrCat("all ", job->members.size(), " nodes finished"));
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::MoveMemberships(Session& old_session, Session& session) {
+  for (const std::string& name : old_session.jobs) {
+    Job* job = FindJob(name);
+    if (job == nullptr) continue;
+    Member* member = FindMember(*job, old_session.node_name);
+    if (member == nullptr || member->session != old_session.id) continue;
+    member->session = session.id;
+    member->connected = true;
+    session.jobs.insert(name);
+    LOG(INFO) << "job=" << name << " gen=" << job->generation
+              << " node=" << session.node_name
+              << " reconnected on a new session";
+  }
+  old_session.jobs.clear();
+}
+
+void JobManager::OnSessionLost(const Session& session, const std::string& why) {
+  // Copy: losing a member edits session.jobs.
+  const std::vector<std::string> names(session.jobs.begin(),
+                                       session.jobs.end());
+  for (const std::string& name : names) {
+    Job* job = FindJob(name);
+    if (job == nullptr) continue;
+    Member* member = FindMember(*job, session.node_name);
+    if (member == nullptr || member->session != session.id) continue;
+    LoseMember(*job, session.node_name, why);
+  }
+}
+
+absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
+                                const v1::RejoinJob& rejoin) {
+  const v1::Membership& m = rejoin.membership();
+  BATON_RETURN_IF_ERROR(
+      ValidateIdentifier("RejoinJob.membership.job", m.job()));
+  BATON_RETURN_IF_ERROR(ValidateSizing("RejoinJob", rejoin.expected_nodes(),
+                                       rejoin.min_nodes(),
+                                       rejoin.partition_bytes()));
+  if (m.generation() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RejoinJob.membership.generation is ", m.generation(),
+        ": rejoin only a sealed generation (>= 1); join to form a job"));
+  }
+  if (m.nodes_size() < 1 || m.nodes_size() > rejoin.expected_nodes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RejoinJob.membership has ", m.nodes_size(),
+                     " nodes: it must have 1..expected_nodes (",
+                     rejoin.expected_nodes(), ")"));
+  }
+  absl::flat_hash_set<std::string> names;
+  int32_t offset = 0;
+  bool lists_self = false;
+  for (int i = 0; i < m.nodes_size(); ++i) {
+    const v1::NodeInfo& node = m.nodes(i);
+    const std::string what =
+        absl::StrCat("RejoinJob.membership.nodes[", i, "]");
+    BATON_RETURN_IF_ERROR(
+        ValidateIdentifier(what + ".node_name", node.node_name()));
+    BATON_RETURN_IF_ERROR(
+        ValidateHostPort(what + ".data_address", node.data_address()));
+    BATON_RETURN_IF_ERROR(
+        ValidateLocalSize(what + ".local_size", node.local_size()));
+    if (!names.insert(node.node_name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ".node_name \"", node.node_name(), "\" appears twice"));
+    }
+    if (node.node_rank() != i || node.rank_offset() != offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " has node_rank ", node.node_rank(), " and rank_offset ",
+          node.rank_offset(), "; expected ", i, " and ", offset,
+          ": report the membership exactly as it was sealed"));
+    }
+    offset += node.local_size();
+    lists_self = lists_self || node.node_name() == session.node_name;
+  }
+  if (m.world_size() != offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RejoinJob.membership.world_size is ", m.world_size(),
+                     " but its nodes hold ", offset, " ranks"));
+  }
+  if (!lists_self) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RejoinJob.membership does not list this agent's node \"",
+                     session.node_name, "\""));
+  }
+
+  Job* job = FindJob(m.job());
+  const bool created = job == nullptr;
+  if (created) {
+    // Recovery: the coordinator restarted and knows nothing of this job.
+    // Rebuild it, at the same generation, from the agent's view; the other
+    // members get a liveness timeout to report in.
+    auto rebuilt = std::make_unique<Job>();
+    job = rebuilt.get();
+    job->name = m.job();
+    job->generation = m.generation();
+    job->expected_nodes = rejoin.expected_nodes();
+    job->min_nodes =
+        rejoin.min_nodes() == 0 ? rejoin.expected_nodes() : rejoin.min_nodes();
+    job->partition_bytes = rejoin.partition_bytes() == 0
+                               ? options_.partition_bytes
+                               : rejoin.partition_bytes();
+    job->creator = session.node_name;
+    job->created = clock_->Now();
+    job->state = v1::JOB_STATE_RUNNING;
+    job->membership = m;
+    for (const v1::NodeInfo& node : m.nodes()) {
+      Member member;
+      member.node_name = node.node_name();
+      member.data_address = node.data_address();
+      member.local_size = node.local_size();
+      member.node_rank = node.node_rank();
+      member.rank_offset = node.rank_offset();
+      member.connected = false;
+      member.joined = job->created;
+      member.reconnect_deadline = job->created + options_.liveness_timeout;
+      job->members.push_back(std::move(member));
+    }
+    job->reason = absl::StrCat("generation ", m.generation(),
+                               " recovered after a coordinator restart");
+    last_generation_[job->name] =
+        std::max(last_generation_[job->name], m.generation());
+    jobs_[job->name] = std::move(rebuilt);
+    Event(*job, "recovered",
+          absl::StrCat("rebuilt generation ", m.generation(), " (",
+                       m.nodes_size(), " nodes, world size ", m.world_size(),
+                       ") from node ", session.node_name, "'s report"));
+  } else {
+    if (Ended(job->state)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job \"", job->name, "\" has ", StateName(job->state),
+                       " (", job->reason, "): start a new run"));
+    }
+    if (m.generation() < job->generation) {
+      return absl::AbortedError(
+          absl::StrCat("job \"", job->name, "\" is at generation ",
+                       job->generation, "; this agent reported generation ",
+                       m.generation(), ": re-sync by joining again"));
+    }
+    if (m.generation() > job->generation ||
+        job->state != v1::JOB_STATE_RUNNING) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job \"", job->name, "\" is ", StateName(job->state),
+          " at generation ", job->generation, " here; this agent reported ",
+          "sealed generation ", m.generation(), ": join again"));
+    }
+    if (m.nodes_size() != job->membership.nodes_size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("RejoinJob.membership of job \"", job->name, "\" has ",
+                       m.nodes_size(), " nodes; the recovered generation has ",
+                       job->membership.nodes_size(), ": join again"));
+    }
+    for (int i = 0; i < m.nodes_size(); ++i) {
+      const v1::NodeInfo& ours = job->membership.nodes(i);
+      const v1::NodeInfo& theirs = m.nodes(i);
+      if (ours.node_name() != theirs.node_name() ||
+          ours.data_address() != theirs.data_address() ||
+          ours.local_size() != theirs.local_size()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "RejoinJob.membership of job \"", job->name, "\" generation ",
+            m.generation(), " differs from the recovered one at node rank ", i,
+            ": join again"));
+      }
+    }
+  }
+
+  Member* member = FindMember(*job, session.node_name);
+  if (member == nullptr || member->finished) {
+    // Lost or left while the generation stayed (the job is finishing).
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node \"", session.node_name, "\" is no longer a member of job \"",
+        job->name, "\" generation ", job->generation, ": join again"));
+  }
+  if (member->connected && member->session != session.id &&
+      member->agent_instance != session.agent_instance) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "node name \"", session.node_name, "\" of job \"", job->name,
+        "\" is already connected from another agent: give each agent a "
+        "unique node name"));
+  }
+  member->connected = true;
+  member->session = session.id;
+  member->agent_instance = session.agent_instance;
+  session.jobs.insert(job->name);
+  if (!created) {
+    LOG(INFO) << "job=" << job->name << " gen=" << job->generation
+              << " node=" << session.node_name << " re-reported its state";
+  }
+
+  v1::CoordinatorMessage accepted;
+  accepted.set_reply_to(seq);
+  auto* body = accepted.mutable_join_accepted();
+  body->set_job(job->name);
+  body->set_state(job->state);
+  body->set_nodes_joined(static_cast<int32_t>(job->members.size()));
+  body->set_expected_nodes(job->expected_nodes);
+  sessions_->Send(session.id, accepted);
+  listener_->OnJobRecovered(job->membership, rejoin, session.node_name,
+                            created);
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::CheckCurrent(const std::string& job_name,
+                                      int64_t generation,
+                                      const std::string& node_name) const {
+  const Job* job = FindJob(job_name);
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "job \"", job_name, "\" is unknown to the coordinator: join it first"));
+  }
+  if (Ended(job->state)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_name, "\" has ", StateName(job->state), ": ",
+                     job->reason));
+  }
+  if (generation < job->generation) {
+    return absl::AbortedError(
+        absl::StrCat("job \"", job_name, "\" is at generation ",
+                     job->generation, "; this message is for generation ",
+                     generation, ": the generation changed (", job->reason,
+                     "), re-sync with the latest membership"));
+  }
+  if (generation > job->generation || job->state != v1::JOB_STATE_RUNNING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("generation ", generation, " of job \"", job_name,
+                     "\" is not sealed (the job is ", StateName(job->state),
+                     " at generation ", job->generation,
+                     "): wait for the membership message"));
+  }
+  if (!node_name.empty()) {
+    const bool member = std::any_of(
+        job->membership.nodes().begin(), job->membership.nodes().end(),
+        [&](const v1::NodeInfo& n) { return n.node_name() == node_name; });
+    if (!member) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("node \"", node_name, "\" is not a member of job \"",
+                       job_name, "\" generation ", generation));
+    }
+  }
+  return absl::OkStatus();
+}
+
+const v1::Membership* JobManager::Membership(const std::string& job) const {
+  const Job* found = FindJob(job);
+  if (found == nullptr || found->state != v1::JOB_STATE_RUNNING) {
+    return nullptr;
+  }
+  return &found->membership;
+}
+
+int64_t JobManager::PartitionBytes(const std::string& job) const {
+  const Job* found = FindJob(job);
+  return found == nullptr ? 0 : found->partition_bytes;
+}
+
+void JobManager::SendToMember(const Member& member,
+                              const v1::CoordinatorMessage& message) {
+  if (member.connected) sessions_->Send(member.session, message);
+}
+
+void JobManager::Broadcast(const std::string& job,
+                           const v1::CoordinatorMessage& message) {
+  const Job* found = FindJob(job);
+  if (found == nullptr) return;
+  for (const Member& member : found->members) SendToMember(member, message);
+}
+
+void JobManager::Event(Job& job, const std::string& kind,
+                       const std::string& message) {
+  LOG(INFO) << "job=" << job.name << " gen=" << job.generation << " " << kind
+            << ": " << message;
+  v1::JobEvent event;
+  event.set_unix_ms(absl::ToUnixMillis(clock_->Now()));
+  event.set_kind(kind);
+  event.set_generation(job.generation);
+  event.set_message(message);
+  job.events.push_back(std::move(event));
+  while (static_cast<int>(job.events.size()) > options_.events_per_job) {
+    job.events.pop_front();
+  }
+}
+
+void JobManager::RecordEvent(const std::string& job, const std::string& kind,
+                             const std::string& message) {
+  if (Job* found = FindJob(job)) Event(*found, kind, message);
+}
+
+void JobManager::Tick() {
+  const absl::Time now = clock_->Now();
+  std::vector<std::string> names;
+  names.reserve(jobs_.size());
+  for (const auto& [name, job] : jobs_) names.push_back(name);
+  for (const std::string& name : names) {
+    Job* job = FindJob(name);
+    if (job == nullptr) continue;
+    switch (job->state) {
+      case v1::JOB_STATE_REFORMING:
+        if (now >= job->reform_deadline) {
+          EndJob(*job, v1::JOB_STATE_FAILED,
+                 absl::StrCat("not whole again within ",
+                              Seconds(options_.reform_timeout), " (have ",
+                              job->members.size(), " of the ", job->min_nodes,
+                              " nodes needed) after: ", job->reason));
+        }
+        break;
+      case v1::JOB_STATE_RUNNING: {
+        std::vector<std::string> missing;
+        for (const Member& member : job->members) {
+          if (!member.connected && !member.finished &&
+              now >= member.reconnect_deadline) {
+            missing.push_back(member.node_name);
+          }
+        }
+        for (const std::string& node : missing) {
+          if (FindJob(name) == nullptr) break;
+          LoseMember(*job, node,
+                     absl::StrCat("did not reconnect within ",
+                                  Seconds(options_.liveness_timeout),
+                                  " after the coordinator restarted"));
+        }
+        break;
+      }
+      case v1::JOB_STATE_FAILED:
+      case v1::JOB_STATE_FINISHED:
+        if (now - job->ended >= options_.job_retention) {
+          jobs_.erase(name);
+          listener_->OnJobRemoved(name);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+absl::Status JobManager::FillStatus(const std::string& job_name,
+                                    v1::JobStatus* status) const {
+  const Job* job = FindJob(job_name);
+  if (job == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("job \"", job_name, "\" is unknown to the coordinator"));
+  }
+  status->set_job(job->name);
+  status->set_state(job->state);
+  status->set_state_reason(job->reason);
+  status->set_generation(job->generation);
+  status->set_expected_nodes(job->expected_nodes);
+  status->set_min_nodes(job->min_nodes);
+  status->set_created_unix_ms(absl::ToUnixMillis(job->created));
+  int32_t world_size = 0;
+  for (const Member& member : job->members) {
+    v1::MemberStatus* out = status->add_members();
+    out->set_node_name(member.node_name);
+    out->set_data_address(member.data_address);
+    out->set_node_rank(member.node_rank);
+    out->set_rank_offset(member.node_rank < 0 ? -1 : member.rank_offset);
+    out->set_local_size(member.local_size);
+    out->set_connected(member.connected);
+    if (member.connected) {
+      if (const Session* session = sessions_->Find(member.session)) {
+        out->set_last_seen_unix_ms(absl::ToUnixMillis(session->last_seen));
+      }
+    }
+    world_size += member.local_size;
+  }
+  status->set_world_size(job->state == v1::JOB_STATE_RUNNING
+                             ? job->membership.world_size()
+                             : world_size);
+  for (const v1::JobEvent& event : job->events) *status->add_events() = event;
+  return absl::OkStatus();
+}
+
+std::vector<std::string> JobManager::JobNames() const {
+  std::vector<std::string> names;
+  names.reserve(jobs_.size());
+  for (const auto& [name, job] : jobs_) names.push_back(name);
+  return names;
+}
+
+}  // namespace baton

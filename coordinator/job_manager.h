@@ -1,0 +1,134 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "baton/v1/common.pb.h"
+#include "baton/v1/coordinator.pb.h"
+#include "baton/v1/status.pb.h"
+#include "common/clock.h"
+#include "common/ids.h"
+#include "coordinator/coordinator_options.h"
+#include "coordinator/session_manager.h"
+
+namespace baton {
+
+// What other managers must do when membership changes. Called by JobManager
+// on the control loop thread, after its own state is updated.
+class JobListener {
+ public:
+  virtual ~JobListener() = default;
+  // A generation was sealed; members have been sent the membership.
+  virtual void OnGenerationSealed(const v1::Membership& membership) = 0;
+  // The job's running generation was aborted (a node lost or added).
+  virtual void OnGenerationAborted(const std::string& job, int64_t generation,
+                                   const std::string& reason) = 0;
+  // The job failed or finished.
+  virtual void OnJobEnded(const std::string& job,
+                          const std::string& reason) = 0;
+  // The job is forgotten (retention passed, or it never sealed and emptied).
+  virtual void OnJobRemoved(const std::string& job) = 0;
+  // `node_name` re-reported a running job after a coordinator restart (or a
+  // reconnect). `created` is true for the report that rebuilt the job.
+  virtual void OnJobRecovered(const v1::Membership& membership,
+                              const v1::RejoinJob& rejoin,
+                              const std::string& node_name, bool created) = 0;
+};
+
+// Owns jobs: their lifecycle (forming, running, re-forming, failed,
+// finished), membership and generations, member liveness, and the recovery
+// of running jobs from rejoining agents after a coordinator restart.
+//
+// Generations: the first seal is generation 1. Losing a member of a running
+// job bumps the generation at once (the survivors are told which node was
+// lost and why) and the job re-forms; it is sealed again under that new
+// generation when expected_nodes members are present, or at once with the
+// survivors when there are at least min_nodes of them. A job that is not
+// whole again within reform_timeout fails.
+//
+// Not thread-safe: owned by the coordinator's control loop.
+class JobManager {
+ public:
+  JobManager(const CoordinatorOptions& options, Clock* clock,
+             SessionManager* sessions, JobListener* listener);
+  ~JobManager();
+
+  // Request handlers. On error nothing changed; the caller replies with it.
+  absl::Status Join(Session& session, uint64_t seq, const v1::JoinJob& join);
+  absl::Status Rejoin(Session& session, uint64_t seq,
+                      const v1::RejoinJob& rejoin);
+  absl::Status Leave(Session& session, const v1::LeaveJob& leave);
+
+  // The agent reconnected on a new session (same node and instance): its
+  // memberships move from `old_session` to `session`.
+  void MoveMemberships(Session& old_session, Session& session);
+
+  // `session` ended or went silent: its node is lost in each of its jobs.
+  void OnSessionLost(const Session& session, const std::string& why);
+
+  // Checks that `node_name` may send a message for (job, generation): the
+  // job exists (NOT_FOUND), has not ended (FAILED_PRECONDITION), the
+  // generation is current (older: ABORTED, newer or unsealed:
+  // FAILED_PRECONDITION) and the node is a sealed member of it
+  // (FAILED_PRECONDITION). An empty node name skips the member check.
+  absl::Status CheckCurrent(const std::string& job, int64_t generation,
+                            const std::string& node_name) const;
+
+  // The sealed membership of a running job, or nullptr.
+  const v1::Membership* Membership(const std::string& job) const;
+
+  // The job's partition size (its own or the coordinator's default); 0 for
+  // an unknown job.
+  int64_t PartitionBytes(const std::string& job) const;
+
+  // Sends `message` to every connected member of the job.
+  void Broadcast(const std::string& job, const v1::CoordinatorMessage& message);
+
+  // Appends to the job's event log (and the process log).
+  void RecordEvent(const std::string& job, const std::string& kind,
+                   const std::string& message);
+
+  // Deadlines: re-form timeouts, reconnects after recovery, retention.
+  void Tick();
+
+  // Job-level status (state, generation, members, events); other managers
+  // add theirs. NOT_FOUND for an unknown job.
+  absl::Status FillStatus(const std::string& job, v1::JobStatus* status) const;
+  std::vector<std::string> JobNames() const;
+
+ private:
+  struct Member;
+  struct Job;
+
+  Job* FindJob(const std::string& job);
+  const Job* FindJob(const std::string& job) const;
+  Member* FindMember(Job& job, const std::string& node_name);
+  absl::Status CheckJoinMatchesJob(const Job& job, const v1::JoinJob& join,
+                                   const Session& session) const;
+  void Seal(Job& job);
+  // Removes `node_name` from the job for `why` (lost, left or timed out).
+  void LoseMember(Job& job, const std::string& node_name,
+                  const std::string& why);
+  void EndJob(Job& job, v1::JobState state, const std::string& reason);
+  void Event(Job& job, const std::string& kind, const std::string& message);
+  void SendToMember(const Member& member, const v1::CoordinatorMessage& msg);
+
+  // Constant after construction.
+  const CoordinatorOptions options_;
+  Clock* const clock_;
+  SessionManager* const sessions_;
+  JobListener* const listener_;
+
+  absl::btree_map<std::string, std::unique_ptr<Job>> jobs_;
+  // Generation numbers continue across a job name's reuse, so messages of an
+  // ended incarnation are always stale.
+  absl::flat_hash_map<std::string, int64_t> last_generation_;
+};
+
+}  // namespace baton

@@ -1,0 +1,352 @@
+#include "coordinator/step_manager.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+namespace {
+
+// A pending (tensor, step) as seen across the nodes' latest reports.
+struct PendingGroup {
+  std::vector<int32_t> submitted;
+  int64_t waiting_ms = 0;
+};
+
+using StallKey = std::pair<uint32_t, int64_t>;  // (tensor_id, step)
+
+// a + b for non-negative values, saturating instead of overflowing: an agent
+// may report any waiting_ms, and a bad one must not wrap to negative.
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  if (a > std::numeric_limits<int64_t>::max() - b) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return a + b;
+}
+
+// Longest waits first: they are the ones to look at.
+void SortStalls(std::vector<v1::Stall>* stalls) {
+  std::sort(stalls->begin(), stalls->end(),
+            [](const v1::Stall& a, const v1::Stall& b) {
+              if (a.waiting_ms() != b.waiting_ms()) {
+                return a.waiting_ms() > b.waiting_ms();
+              }
+              if (a.tensor_id() != b.tensor_id()) {
+                return a.tensor_id() < b.tensor_id();
+              }
+              return a.step() < b.step();
+            });
+}
+
+}  // namespace
+
+// One job's progress in its current generation.
+struct StepManager::JobSteps {
+  struct Node {
+    int32_t rank_offset = 0;
+    int32_t local_size = 0;
+    // The node's latest report and when it arrived; pending waits grow by the
+    // time since.
+    bool has_report = false;
+    v1::StepReport report;
+    absl::Time received;
+  };
+
+  // Raises `rank` to `step` (ranks never go backwards) and keeps the cached
+  // minimum, maximum and global step current.
+  void RaiseRank(int32_t rank, int64_t step) {
+    int64_t& current = rank_steps[rank];
+    if (step <= current) return;
+    const int64_t previous = current;
+    current = step;
+    max_step = std::max(max_step, step);
+    if (previous == min_step && --ranks_at_min == 0) RecomputeMin();
+  }
+
+  // O(ranks), but only when the last rank at the minimum moved on: about
+  // once per global step, not once per report.
+  void RecomputeMin() {
+    if (rank_steps.empty()) return;
+    min_step = *std::min_element(rank_steps.begin(), rank_steps.end());
+    ranks_at_min = std::count(rank_steps.begin(), rank_steps.end(), min_step);
+    global_step = std::max(global_step, min_step);
+  }
+
+  int64_t Lag(int32_t rank) const { return max_step - rank_steps[rank]; }
+
+  // Every (tensor, step) that some rank submitted, some rank has not, and
+  // that has waited at least `threshold` by `now`.
+  std::vector<v1::Stall> Stalls(absl::Time now, absl::Duration threshold,
+                                const TensorNameFn& tensor_name) const {
+    absl::flat_hash_map<StallKey, PendingGroup> groups;
+    for (const auto& [name, node] : nodes) {
+      if (!node.has_report) continue;
+      const int64_t age_ms =
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(now - node.received));
+      for (const v1::PendingTensor& pending : node.report.pending()) {
+        // Completed by every rank: whatever the report said, it is done.
+        if (pending.step() <= global_step) continue;
+        PendingGroup& group = groups[{pending.tensor_id(), pending.step()}];
+        // Ranks belong to exactly one node and OnReport rejected repeats, so
+        // concatenation is the union.
+        group.submitted.insert(group.submitted.end(),
+                               pending.submitted_ranks().begin(),
+                               pending.submitted_ranks().end());
+        group.waiting_ms = std::max(
+            group.waiting_ms, SaturatingAdd(pending.waiting_ms(), age_ms));
+      }
+    }
+    std::vector<v1::Stall> stalls;
+    std::vector<bool> submitted(rank_steps.size());
+    for (auto& [key, group] : groups) {
+      // Cheap filter first: most pending operations finish long before the
+      // threshold, and finding the missing ranks is O(world size).
+      if (absl::Milliseconds(group.waiting_ms) < threshold) continue;
+      std::fill(submitted.begin(), submitted.end(), false);
+      for (int32_t rank : group.submitted) submitted[rank] = true;
+      v1::Stall stall;
+      for (size_t rank = 0; rank < rank_steps.size(); ++rank) {
+        // A rank that completed the step has submitted everything in it,
+        // even if no report says so yet.
+        if (!submitted[rank] && rank_steps[rank] < key.second) {
+          stall.add_missing_ranks(static_cast<int32_t>(rank));
+        }
+      }
+      if (stall.missing_ranks().empty()) continue;
+      std::sort(group.submitted.begin(), group.submitted.end());
+      stall.set_tensor_id(key.first);
+      stall.set_tensor(tensor_name(key.first));
+      stall.set_step(key.second);
+      stall.mutable_submitted_ranks()->Add(group.submitted.begin(),
+                                           group.submitted.end());
+      stall.set_waiting_ms(group.waiting_ms);
+      stalls.push_back(std::move(stall));
+    }
+    SortStalls(&stalls);
+    return stalls;
+  }
+
+  int64_t generation = 0;
+  absl::flat_hash_map<std::string, Node> nodes;
+  // Indexed by global rank; -1 until the rank completes a step.
+  std::vector<int64_t> rank_steps;
+  // Cached over rank_steps: the minimum, how many ranks sit at it, and the
+  // maximum (for lag).
+  int64_t min_step = -1;
+  int64_t ranks_at_min = 0;
+  int64_t max_step = -1;
+  // Last step completed by every rank; kept across generations, never
+  // lowered.
+  int64_t global_step = -1;
+  // Stalls TakeNewStalls already returned, so each is logged once.
+  absl::flat_hash_set<StallKey> announced;
+};
+
+StepManager::StepManager(absl::Duration stall_threshold)
+    : stall_threshold_(stall_threshold) {}
+
+StepManager::~StepManager() = default;
+
+void StepManager::OnGenerationSealed(const v1::Membership& membership) {
+  std::unique_ptr<JobSteps>& job = jobs_[membership.job()];
+  if (job == nullptr) job = std::make_unique<JobSteps>();
+  // A repeated seal (another rejoin after a restart) must not wipe what
+  // Recover seeded; an older one is stale.
+  if (membership.generation() <= job->generation) return;
+
+  job->generation = membership.generation();
+  job->nodes.clear();
+  job->announced.clear();
+  // The job manager guarantees ranks within world_size; taking the largest
+  // keeps a bad membership from indexing past the rank table.
+  int32_t world_size = std::max(membership.world_size(), 0);
+  for (const v1::NodeInfo& info : membership.nodes()) {
+    DCHECK_LE(info.rank_offset() + info.local_size(), membership.world_size())
+        << "node " << info.node_name() << " of job " << membership.job();
+    if (info.rank_offset() < 0 || info.local_size() < 0) continue;
+    JobSteps::Node& node = job->nodes[info.node_name()];
+    node.rank_offset = info.rank_offset();
+    node.local_size = info.local_size();
+    world_size = std::max(world_size, info.rank_offset() + info.local_size());
+  }
+  // Ranks are renumbered by a new generation, so per-rank progress starts
+  // over; the global step does not.
+  job->rank_steps.assign(world_size, -1);
+  job->min_step = -1;
+  job->ranks_at_min = world_size;
+  job->max_step = -1;
+}
+
+absl::Status StepManager::OnReport(const std::string& node_name,
+                                   const v1::StepReport& report,
+                                   absl::Time now) {
+  auto job_it = jobs_.find(report.job());
+  if (job_it == jobs_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("StepReport for job \"", report.job(),
+                     "\": the job has no sealed generation yet"));
+  }
+  JobSteps& job = *job_it->second;
+  if (report.generation() != job.generation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "StepReport for job \"", report.job(), "\" generation ",
+        report.generation(), " does not match the current generation ",
+        job.generation));
+  }
+  auto node_it = job.nodes.find(node_name);
+  if (node_it == job.nodes.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node \"", node_name, "\" is not a member of job \"",
+                     report.job(), "\" generation ", job.generation));
+  }
+  JobSteps::Node& node = node_it->second;
+  const int32_t first = node.rank_offset;
+  const int32_t last = node.rank_offset + node.local_size - 1;
+  const auto rank_range = [&] {
+    return absl::StrCat("node \"", node_name, "\"'s ranks ", first, "..", last);
+  };
+
+  // Validate the whole report before changing anything. `seen[r - first]`
+  // holds the number of the list that last named rank r, so duplicate checks
+  // cost O(report) with one table of local_size entries.
+  std::vector<int> seen(node.local_size, 0);
+  int list = 1;
+  for (int i = 0; i < report.ranks_size(); ++i) {
+    const v1::RankProgress& progress = report.ranks(i);
+    if (progress.rank() < first || progress.rank() > last) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepReport.ranks[", i, "].rank ", progress.rank(),
+                       " is not one of ", rank_range()));
+    }
+    if (progress.completed_step() < -1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepReport.ranks[", i, "].completed_step is ",
+                       progress.completed_step(), " for rank ", progress.rank(),
+                       "; it must be -1 (no step completed) or more"));
+    }
+    if (seen[progress.rank() - first] == list) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StepReport.ranks names rank ", progress.rank(), " twice"));
+    }
+    seen[progress.rank() - first] = list;
+  }
+  for (int i = 0; i < report.pending_size(); ++i) {
+    const v1::PendingTensor& pending = report.pending(i);
+    ++list;
+    const std::string what = absl::StrCat(
+        "StepReport.pending[", i, "] (tensor ", pending.tensor_id(), ")");
+    if (pending.step() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " has step ", pending.step(), "; steps start at 0"));
+    }
+    if (pending.waiting_ms() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " has waiting_ms ", pending.waiting_ms(), "; it must be >= 0"));
+    }
+    for (int32_t rank : pending.submitted_ranks()) {
+      if (rank < first || rank > last) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " names submitted rank ", rank,
+                         ", which is not one of ", rank_range()));
+      }
+      if (seen[rank - first] == list) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " names submitted rank ", rank, " twice"));
+      }
+      seen[rank - first] = list;
+    }
+  }
+
+  for (const v1::RankProgress& progress : report.ranks()) {
+    job.RaiseRank(progress.rank(), progress.completed_step());
+  }
+  node.has_report = true;
+  node.report = report;
+  node.received = now;
+  return absl::OkStatus();
+}
+
+void StepManager::Recover(const std::string& job_name,
+                          const std::string& node_name,
+                          int64_t completed_step) {
+  auto job_it = jobs_.find(job_name);
+  if (job_it == jobs_.end()) return;
+  JobSteps& job = *job_it->second;
+  auto node_it = job.nodes.find(node_name);
+  if (node_it == job.nodes.end()) return;
+  const JobSteps::Node& node = node_it->second;
+  for (int32_t rank = node.rank_offset;
+       rank < node.rank_offset + node.local_size; ++rank) {
+    job.RaiseRank(rank, completed_step);
+  }
+}
+
+std::vector<v1::Stall> StepManager::TakeNewStalls(
+    const std::string& job_name, absl::Time now,
+    const TensorNameFn& tensor_name) {
+  auto job_it = jobs_.find(job_name);
+  if (job_it == jobs_.end()) return {};
+  JobSteps& job = *job_it->second;
+  // Stalls of completed steps can never come back; forget them so the set
+  // stays as small as the stalls in flight.
+  absl::erase_if(job.announced, [&](const StallKey& key) {
+    return key.second <= job.global_step;
+  });
+  std::vector<v1::Stall> fresh;
+  for (v1::Stall& stall : job.Stalls(now, stall_threshold_, tensor_name)) {
+    if (job.announced.insert({stall.tensor_id(), stall.step()}).second) {
+      fresh.push_back(std::move(stall));
+    }
+  }
+  return fresh;
+}
+
+int64_t StepManager::GlobalStep(const std::string& job_name) const {
+  auto job_it = jobs_.find(job_name);
+  return job_it == jobs_.end() ? -1 : job_it->second->global_step;
+}
+
+void StepManager::FillStatus(const std::string& job_name, absl::Time now,
+                             const TensorNameFn& tensor_name,
+                             v1::JobStatus* status) const {
+  auto job_it = jobs_.find(job_name);
+  if (job_it == jobs_.end()) {
+    status->set_global_step(-1);
+    return;
+  }
+  const JobSteps& job = *job_it->second;
+  status->set_global_step(job.global_step);
+  for (v1::Stall& stall : job.Stalls(now, stall_threshold_, tensor_name)) {
+    *status->add_stalls() = std::move(stall);
+  }
+  for (v1::MemberStatus& member : *status->mutable_members()) {
+    auto node_it = job.nodes.find(member.node_name());
+    if (node_it == job.nodes.end()) continue;
+    const JobSteps::Node& node = node_it->second;
+    member.clear_ranks();
+    for (int32_t rank = node.rank_offset;
+         rank < node.rank_offset + node.local_size; ++rank) {
+      v1::RankStatus* rank_status = member.add_ranks();
+      rank_status->set_rank(rank);
+      rank_status->set_completed_step(job.rank_steps[rank]);
+      rank_status->set_lag(job.Lag(rank));
+    }
+    if (node.has_report) {
+      const v1::AgentStats& stats = node.report.stats();
+      member.set_throughput_bytes_per_second(
+          stats.throughput_bytes_per_second());
+      member.set_queue_depth(stats.queue_depth());
+      member.set_bytes_in_flight(stats.bytes_in_flight());
+    }
+  }
+}
+
+void StepManager::RemoveJob(const std::string& job) { jobs_.erase(job); }
+
+}  // namespace baton

@@ -1,0 +1,70 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "baton/v1/common.pb.h"
+#include "baton/v1/coordinator.pb.h"
+#include "baton/v1/status.pb.h"
+
+namespace baton {
+
+// Tracks each job's step progress from the agents' periodic StepReports: the
+// global step (last step completed by every rank), each rank's lag behind the
+// fastest rank, and stalls (a tensor some ranks submitted for step s and
+// others have not, for longer than the stall threshold).
+//
+// Not thread-safe: owned by the coordinator's control loop.
+class StepManager {
+ public:
+  using TensorNameFn = std::function<std::string(uint32_t tensor_id)>;
+
+  explicit StepManager(absl::Duration stall_threshold);
+  // Out of line: JobSteps is complete only in the .cc.
+  ~StepManager();
+  StepManager(const StepManager&) = delete;
+  StepManager& operator=(const StepManager&) = delete;
+
+  // A generation was sealed (or recovered): the job's ranks are those of
+  // `membership`. Reports of earlier generations are dropped; the global step
+  // never goes backwards.
+  void OnGenerationSealed(const v1::Membership& membership);
+
+  // Records `node_name`'s report (the caller checked job and generation).
+  // INVALID_ARGUMENT when a rank is not one of the node's ranks, a step is
+  // below -1, or a pending entry names a rank twice.
+  absl::Status OnReport(const std::string& node_name,
+                        const v1::StepReport& report, absl::Time now);
+
+  // Seeds a recovered job: every rank of `node_name` completed
+  // `completed_step`.
+  void Recover(const std::string& job, const std::string& node_name,
+               int64_t completed_step);
+
+  // Stalls that crossed the threshold since the last call, for the event log.
+  std::vector<v1::Stall> TakeNewStalls(const std::string& job, absl::Time now,
+                                       const TensorNameFn& tensor_name);
+
+  // -1 before the first completed step.
+  int64_t GlobalStep(const std::string& job) const;
+
+  // Fills global_step, stalls, and for every member already in `status`
+  // its ranks (step and lag) and last reported scheduling stats.
+  void FillStatus(const std::string& job, absl::Time now,
+                  const TensorNameFn& tensor_name, v1::JobStatus* status) const;
+
+  void RemoveJob(const std::string& job);
+
+ private:
+  struct JobSteps;  // defined in the .cc
+  absl::Duration stall_threshold_;
+  absl::flat_hash_map<std::string, std::unique_ptr<JobSteps>> jobs_;
+};
+
+}  // namespace baton

@@ -1,0 +1,75 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace baton {
+
+// How a child process ended.
+struct ProcessExit {
+  // True when it exited (exit_code is valid), false when a signal killed it.
+  bool exited = false;
+  int exit_code = -1;
+  int signal = 0;
+  // From the signal that asked it to stop to its end.
+  absl::Duration elapsed;
+  // True when it did not end in time and was killed with SIGKILL.
+  bool timed_out = false;
+
+  // For test messages: "exit 0 after 1.2s", "killed by signal 9 after 3s".
+  std::string ToString() const;
+};
+
+// A real baton-coordinator process (build/bin/baton-coordinator) for
+// integration tests, listening on 127.0.0.1. Its stderr goes to the test's
+// stderr, or to a file given with set_stderr_path. The child is killed when
+// the test process dies.
+//
+// Not thread-safe: use from the test's thread.
+class CoordinatorProcess {
+ public:
+  CoordinatorProcess() = default;
+  CoordinatorProcess(const CoordinatorProcess&) = delete;
+  CoordinatorProcess& operator=(const CoordinatorProcess&) = delete;
+  // Kills the process if it is still running.
+  ~CoordinatorProcess();
+
+  // Starts the coordinator with `flags` (each "--name=value") on `port` (0:
+  // a free one; a previous port() to restart in place) and waits up to
+  // `timeout` for its "listening on" line.
+  absl::Status Start(const std::vector<std::string>& flags = {}, int port = 0,
+                     absl::Duration timeout = absl::Seconds(10));
+
+  // Where the coordinator's stderr goes from the next Start on (appended);
+  // empty: the test's stderr.
+  void set_stderr_path(std::string path) { stderr_path_ = std::move(path); }
+
+  // SIGTERM, then waits up to `timeout` (SIGKILL after it, timed_out set).
+  ProcessExit Terminate(absl::Duration timeout = absl::Seconds(10));
+  // SIGKILL (a crash), and reaps the process.
+  ProcessExit Kill();
+
+  bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+  // "127.0.0.1:PORT" as printed by the coordinator; valid after Start.
+  const std::string& address() const { return address_; }
+  int port() const { return port_; }
+
+  // The coordinator binary this harness starts.
+  static std::string BinaryPath();
+
+ private:
+  ProcessExit SignalAndWait(int signal, absl::Duration timeout);
+
+  pid_t pid_ = -1;
+  std::string address_;
+  int port_ = 0;
+  std::string stderr_path_;
+};
+
+}  // namespace baton

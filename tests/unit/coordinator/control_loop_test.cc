@@ -1,0 +1,77 @@
+#include "coordinator/control_loop.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+TEST(ControlLoopTest, RunsTasksInPostOrderIncludingTasksTheyPost) {
+  ControlLoop loop;
+  std::vector<int> order;
+  loop.Post([&] {
+    order.push_back(1);
+    loop.Post([&] { order.push_back(3); });
+  });
+  loop.Post([&] { order.push_back(2); });
+  EXPECT_EQ(loop.RunUntilIdle(), 3u);
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(loop.RunUntilIdle(), 0u);
+}
+
+TEST(ControlLoopTest, TasksFromManyThreadsAllRunOnTheLoopThread) {
+  ControlLoop loop;
+  std::atomic<int> ran{0};
+  std::thread::id loop_thread;
+  std::atomic<bool> other_thread_ran{false};
+  std::thread runner([&] {
+    loop_thread = std::this_thread::get_id();
+    loop.Run(Clock::Real(), absl::Milliseconds(5), [] {});
+  });
+  std::vector<std::thread> posters;
+  for (int t = 0; t < 4; ++t) {
+    posters.emplace_back([&] {
+      for (int i = 0; i < 250; ++i) {
+        loop.Post([&] {
+          if (std::this_thread::get_id() != loop_thread)
+            other_thread_ran = true;
+          ++ran;
+        });
+      }
+    });
+  }
+  for (std::thread& poster : posters) poster.join();
+  while (ran.load() < 1000) std::this_thread::yield();
+  loop.Stop();
+  runner.join();
+  EXPECT_EQ(ran.load(), 1000);
+  EXPECT_FALSE(other_thread_ran.load());
+}
+
+TEST(ControlLoopTest, TicksWhileIdleAndStopsPromptly) {
+  ControlLoop loop;
+  std::atomic<int> ticks{0};
+  std::thread runner([&] {
+    loop.Run(Clock::Real(), absl::Milliseconds(1), [&] { ++ticks; });
+  });
+  while (ticks.load() < 3) std::this_thread::yield();
+  loop.Stop();
+  runner.join();
+  EXPECT_GE(ticks.load(), 3);
+}
+
+TEST(ControlLoopTest, PostAfterStopIsDropped) {
+  ControlLoop loop;
+  loop.Stop();
+  bool ran = false;
+  loop.Post([&] { ran = true; });
+  EXPECT_EQ(loop.RunUntilIdle(), 0u);
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(loop.Pending(), 0u);
+}
+
+}  // namespace
+}  // namespace baton

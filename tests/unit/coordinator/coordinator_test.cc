@@ -1,0 +1,577 @@
+// The coordinator's managers working together, driven message by message on
+// a FakeClock: membership, generations, liveness, re-forming, recovery,
+// leaving and the store, as agents see them on their channels.
+#include "coordinator/coordinator.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::SizeIs;
+
+class RecordingChannel : public AgentChannel {
+ public:
+  void Send(v1::CoordinatorMessage message) override {
+    if (!closed) messages.push_back(std::move(message));
+  }
+  void Close(const absl::Status& status) override {
+    if (closed) return;
+    closed = true;
+    close_status = status;
+  }
+
+  std::vector<v1::CoordinatorMessage> messages;
+  bool closed = false;
+  absl::Status close_status;
+};
+
+struct Agent {
+  std::string node;
+  SessionId id;
+  std::shared_ptr<RecordingChannel> channel;
+  uint64_t seq = 0;
+
+  // Messages of one kind, in arrival order.
+  std::vector<v1::CoordinatorMessage> Received(
+      v1::CoordinatorMessage::BodyCase kind) const {
+    std::vector<v1::CoordinatorMessage> out;
+    for (const auto& m : channel->messages) {
+      if (m.body_case() == kind) out.push_back(m);
+    }
+    return out;
+  }
+  v1::Error LastError() const {
+    auto errors = Received(v1::CoordinatorMessage::kError);
+    return errors.empty() ? v1::Error() : errors.back().error();
+  }
+};
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  CoordinatorTest() { Restart(); }
+
+  // A fresh coordinator process: no state survives.
+  void Restart() {
+    coordinator_ = std::make_unique<Coordinator>(options_, &clock_);
+  }
+
+  Agent Connect(const std::string& node, const std::string& instance = "") {
+    Agent agent;
+    agent.node = node;
+    agent.id = SessionId(next_session_++);
+    agent.channel = std::make_shared<RecordingChannel>();
+    coordinator_->OnSessionOpened(agent.id, agent.channel);
+    v1::AgentMessage hello;
+    hello.mutable_hello()->set_node_name(node);
+    hello.mutable_hello()->set_agent_instance(instance.empty() ? "i-" + node
+                                                               : instance);
+    Send(agent, hello);
+    return agent;
+  }
+
+  void Send(Agent& agent, v1::AgentMessage message) {
+    message.set_seq(++agent.seq);
+    coordinator_->OnAgentMessage(agent.id, message);
+  }
+
+  void Join(Agent& agent, const std::string& job, int local_size,
+            int expected_nodes, int min_nodes = 0) {
+    v1::AgentMessage message;
+    auto* join = message.mutable_join();
+    join->set_job(job);
+    join->set_data_address(agent.node + ".example:7000");
+    join->set_local_size(local_size);
+    join->set_expected_nodes(expected_nodes);
+    join->set_min_nodes(min_nodes);
+    Send(agent, message);
+  }
+
+  void Heartbeat(Agent& agent) {
+    v1::AgentMessage message;
+    message.mutable_heartbeat();
+    Send(agent, message);
+  }
+
+  // Advances the clock in tick steps, heartbeating `alive` agents every
+  // second, until `done` or `limit`. Returns the time it took.
+  absl::Duration RunUntil(std::vector<Agent*> alive,
+                          const std::function<bool()>& done,
+                          absl::Duration limit) {
+    absl::Duration elapsed;
+    absl::Duration since_heartbeat;
+    while (!done() && elapsed < limit) {
+      clock_.Advance(options_.tick_interval);
+      elapsed += options_.tick_interval;
+      since_heartbeat += options_.tick_interval;
+      if (since_heartbeat >= absl::Seconds(1)) {
+        for (Agent* agent : alive) Heartbeat(*agent);
+        since_heartbeat = absl::ZeroDuration();
+      }
+      coordinator_->Tick();
+    }
+    return elapsed;
+  }
+
+  v1::JobStatus Status(const std::string& job) {
+    absl::StatusOr<v1::JobStatus> status = coordinator_->GetJob(job);
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? *status : v1::JobStatus();
+  }
+
+  FakeClock clock_;
+  CoordinatorOptions options_;
+  std::unique_ptr<Coordinator> coordinator_;
+  uint64_t next_session_ = 1;
+};
+
+TEST_F(CoordinatorTest, HelloIsAcceptedWithTheLivenessContract) {
+  Agent a = Connect("n0");
+  auto accepted = a.Received(v1::CoordinatorMessage::kSessionAccepted);
+  ASSERT_THAT(accepted, SizeIs(1));
+  EXPECT_EQ(accepted[0].reply_to(), 1u);
+  EXPECT_EQ(accepted[0].session_accepted().heartbeat_interval_ms(), 2000);
+  EXPECT_EQ(accepted[0].session_accepted().liveness_timeout_ms(), 6000);
+  EXPECT_FALSE(accepted[0].session_accepted().coordinator_instance().empty());
+}
+
+TEST_F(CoordinatorTest, FirstMessageMustBeHello) {
+  Agent a;
+  a.id = SessionId(99);
+  a.channel = std::make_shared<RecordingChannel>();
+  coordinator_->OnSessionOpened(a.id, a.channel);
+  v1::AgentMessage heartbeat;
+  heartbeat.mutable_heartbeat();
+  Send(a, heartbeat);
+  ASSERT_TRUE(a.channel->closed);
+  EXPECT_EQ(a.channel->close_status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(a.channel->close_status.message(), HasSubstr("must be hello"));
+}
+
+TEST_F(CoordinatorTest, BadHelloClosesTheSessionNamingTheField) {
+  Agent a = Connect("bad node!");
+  ASSERT_TRUE(a.channel->closed);
+  EXPECT_EQ(a.LastError().code(),
+            static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(a.LastError().message(), HasSubstr("Hello.node_name"));
+}
+
+TEST_F(CoordinatorTest, SealsWithHeterogeneousTrainerCounts) {
+  Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
+  Join(a, "job", 2, 3);
+  Join(b, "job", 1, 3);
+  EXPECT_THAT(a.Received(v1::CoordinatorMessage::kMembership), SizeIs(0));
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_FORMING);
+  auto accepted = b.Received(v1::CoordinatorMessage::kJoinAccepted);
+  ASSERT_THAT(accepted, SizeIs(1));
+  EXPECT_EQ(accepted[0].join_accepted().nodes_joined(), 2);
+  EXPECT_EQ(accepted[0].reply_to(), 2u);
+
+  Join(c, "job", 3, 3);
+  std::vector<v1::Membership> seen;
+  for (Agent* agent : {&a, &b, &c}) {
+    auto memberships = agent->Received(v1::CoordinatorMessage::kMembership);
+    ASSERT_THAT(memberships, SizeIs(1)) << agent->node;
+    seen.push_back(memberships[0].membership());
+  }
+  const v1::Membership& m = seen[0];
+  EXPECT_EQ(m.generation(), 1);
+  EXPECT_EQ(m.world_size(), 6);
+  EXPECT_EQ(m.store_prefix(), "baton/job/1/");
+  ASSERT_EQ(m.nodes_size(), 3);
+  EXPECT_EQ(m.nodes(0).node_name(), "n0");
+  EXPECT_EQ(m.nodes(0).rank_offset(), 0);
+  EXPECT_EQ(m.nodes(1).node_name(), "n1");
+  EXPECT_EQ(m.nodes(1).rank_offset(), 2);
+  EXPECT_EQ(m.nodes(2).node_name(), "n2");
+  EXPECT_EQ(m.nodes(2).rank_offset(), 3);
+  EXPECT_EQ(m.nodes(2).data_address(), "n2.example:7000");
+  for (const v1::Membership& other : seen) {
+    EXPECT_EQ(other.SerializeAsString(), m.SerializeAsString());
+  }
+  v1::JobStatus status = Status("job");
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.world_size(), 6);
+}
+
+TEST_F(CoordinatorTest, DuplicateNodeNameIsRejected) {
+  Agent a = Connect("n0", "first"), dup = Connect("n0", "second");
+  Join(a, "job", 1, 2);
+  Join(dup, "job", 1, 2);
+  EXPECT_EQ(dup.LastError().code(),
+            static_cast<int>(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(dup.LastError().message(),
+              HasSubstr("node name \"n0\" is already a member of job \"job\""));
+  EXPECT_EQ(Status("job").members_size(), 1);
+}
+
+TEST_F(CoordinatorTest, JoinToSealedFullJobIsRefused) {
+  Agent a = Connect("n0"), b = Connect("n1"), late = Connect("n2");
+  Join(a, "job", 1, 2);
+  Join(b, "job", 1, 2);
+  Join(late, "job", 1, 2);
+  EXPECT_EQ(late.LastError().code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(late.LastError().message(), HasSubstr("sealed and full"));
+  EXPECT_EQ(Status("job").generation(), 1);
+}
+
+TEST_F(CoordinatorTest, JoinsMustAgreeOnTheJobsSize) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 1, 2);
+  Join(b, "job", 1, 3);
+  EXPECT_EQ(b.LastError().code(),
+            static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(b.LastError().message(),
+              HasSubstr("JoinJob.expected_nodes is 3 from node \"n1\" but job "
+                        "\"job\" has expected_nodes=2 (set by node \"n0\")"));
+}
+
+TEST_F(CoordinatorTest, BadJoinFieldsAreNamed) {
+  Agent a = Connect("n0");
+  struct Case {
+    std::function<void(v1::JoinJob*)> edit;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::JoinJob* j) { j->set_job(""); }, "JoinJob.job is empty"},
+      {[](v1::JoinJob* j) { j->set_job(std::string(200, 'x')); },
+       "JoinJob.job is 200 characters long"},
+      {[](v1::JoinJob* j) { j->set_data_address("nohost"); },
+       "JoinJob.data_address"},
+      {[](v1::JoinJob* j) { j->set_local_size(0); }, "JoinJob.local_size is 0"},
+      {[](v1::JoinJob* j) { j->set_expected_nodes(-3); },
+       "JoinJob.expected_nodes is -3"},
+      {[](v1::JoinJob* j) { j->set_min_nodes(5); }, "JoinJob.min_nodes is 5"},
+      {[](v1::JoinJob* j) { j->set_partition_bytes(1001); },
+       "JoinJob.partition_bytes is 1001"},
+  };
+  for (const Case& c : cases) {
+    v1::AgentMessage message;
+    auto* join = message.mutable_join();
+    join->set_job("job");
+    join->set_data_address("10.0.0.1:7000");
+    join->set_local_size(1);
+    join->set_expected_nodes(2);
+    c.edit(join);
+    Send(a, message);
+    EXPECT_EQ(a.LastError().code(),
+              static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(a.LastError().message(), HasSubstr(c.field));
+  }
+  EXPECT_EQ(coordinator_->ListJobs().jobs_size(), 0);
+}
+
+TEST_F(CoordinatorTest, SilentNodeIsLostWithinTheBoundAndSurvivorsAreTold) {
+  Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
+  for (Agent* agent : {&a, &b, &c}) Join(*agent, "job", 1, 3);
+  const absl::Duration took = RunUntil(
+      {&a, &b},
+      [&] {
+        return !a.Received(v1::CoordinatorMessage::kGenerationAborted).empty();
+      },
+      absl::Seconds(30));
+  EXPECT_LE(took, options_.liveness_timeout + options_.tick_interval);
+  EXPECT_GT(took, options_.liveness_timeout - absl::Seconds(1));
+  for (Agent* survivor : {&a, &b}) {
+    auto notices =
+        survivor->Received(v1::CoordinatorMessage::kGenerationAborted);
+    ASSERT_THAT(notices, SizeIs(1));
+    const v1::GenerationAborted& notice = notices[0].generation_aborted();
+    EXPECT_EQ(notice.lost_node(), "n2");
+    EXPECT_EQ(notice.aborted_generation(), 1);
+    EXPECT_EQ(notice.new_generation(), 2);
+    EXPECT_THAT(notice.reason(),
+                HasSubstr("node n2 missed its liveness deadline"));
+  }
+  EXPECT_TRUE(c.channel->closed);
+  EXPECT_EQ(c.channel->close_status.code(),
+            absl::StatusCode::kDeadlineExceeded);
+  v1::JobStatus status = Status("job");
+  EXPECT_EQ(status.state(), v1::JOB_STATE_REFORMING);
+  EXPECT_EQ(status.generation(), 2);
+  EXPECT_THAT(status.state_reason(), HasSubstr("node n2 missed"));
+  EXPECT_EQ(status.events().rbegin()[1].kind(), "lost");
+}
+
+TEST_F(CoordinatorTest, ClosedSessionIsLostAtOnceAndReplacementReseals) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 2, 2);
+  Join(b, "job", 2, 2);
+  coordinator_->OnSessionClosed(b.id, "the agent closed its stream");
+  auto notices = a.Received(v1::CoordinatorMessage::kGenerationAborted);
+  ASSERT_THAT(notices, SizeIs(1));
+  EXPECT_THAT(notices[0].generation_aborted().reason(),
+              HasSubstr("node n1 lost its session to the coordinator (the "
+                        "agent closed its stream)"));
+
+  Agent replacement = Connect("n9");
+  Join(replacement, "job", 2, 2);
+  auto memberships = a.Received(v1::CoordinatorMessage::kMembership);
+  ASSERT_THAT(memberships, SizeIs(2));
+  const v1::Membership& m = memberships[1].membership();
+  EXPECT_EQ(m.generation(), 2);
+  ASSERT_EQ(m.nodes_size(), 2);
+  EXPECT_EQ(m.nodes(0).node_name(), "n0");
+  EXPECT_EQ(m.nodes(1).node_name(), "n9");
+  EXPECT_EQ(m.store_prefix(), "baton/job/2/");
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(CoordinatorTest, MinNodesResealsWithTheSurvivorsAndGrowsBack) {
+  Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
+  for (Agent* agent : {&a, &b, &c}) Join(*agent, "job", 1, 3, /*min_nodes=*/2);
+  coordinator_->OnSessionClosed(a.id, "crashed");
+  auto memberships = b.Received(v1::CoordinatorMessage::kMembership);
+  ASSERT_THAT(memberships, SizeIs(2));
+  EXPECT_EQ(memberships[1].membership().generation(), 2);
+  EXPECT_EQ(memberships[1].membership().world_size(), 2);
+  EXPECT_EQ(memberships[1].membership().nodes(0).node_name(), "n1");
+
+  Agent d = Connect("n3");
+  Join(d, "job", 1, 3, 2);
+  auto notices = b.Received(v1::CoordinatorMessage::kGenerationAborted);
+  ASSERT_THAT(notices, SizeIs(2));
+  EXPECT_THAT(notices[1].generation_aborted().reason(),
+              HasSubstr("node n3 joined"));
+  memberships = d.Received(v1::CoordinatorMessage::kMembership);
+  ASSERT_THAT(memberships, SizeIs(1));
+  EXPECT_EQ(memberships[0].membership().generation(), 3);
+  EXPECT_EQ(memberships[0].membership().world_size(), 3);
+  EXPECT_EQ(memberships[0].membership().nodes(2).node_name(), "n3");
+}
+
+TEST_F(CoordinatorTest, JobFailsWhenNotWholeAgainInTime) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 1, 2);
+  Join(b, "job", 1, 2);
+  coordinator_->OnSessionClosed(b.id, "crashed");
+  RunUntil(
+      {&a},
+      [&] { return !a.Received(v1::CoordinatorMessage::kJobEnded).empty(); },
+      options_.reform_timeout + absl::Seconds(1));
+  auto ended = a.Received(v1::CoordinatorMessage::kJobEnded);
+  ASSERT_THAT(ended, SizeIs(1));
+  EXPECT_EQ(ended[0].job_ended().state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(ended[0].job_ended().reason(),
+              HasSubstr("not whole again within 60.0 s (have 1 of the 2 nodes "
+                        "needed) after: node n1 lost its session"));
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_FAILED);
+
+  // Retention: the failed job stays visible, then is forgotten.
+  clock_.Advance(options_.job_retention);
+  coordinator_->Tick();
+  EXPECT_EQ(coordinator_->GetJob("job").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, MessagesForAnOldGenerationAreAborted) {
+  Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
+  for (Agent* agent : {&a, &b, &c}) Join(*agent, "job", 1, 3, 2);
+  coordinator_->OnSessionClosed(c.id, "crashed");  // Re-sealed as generation 2.
+  v1::AgentMessage report;
+  report.mutable_step_report()->set_job("job");
+  report.mutable_step_report()->set_generation(1);
+  Send(a, report);
+  EXPECT_EQ(a.LastError().code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_THAT(a.LastError().message(),
+              HasSubstr("job \"job\" is at generation 2; this message is for "
+                        "generation 1"));
+  EXPECT_EQ(a.LastError().generation(), 1);
+
+  report.mutable_step_report()->set_generation(7);
+  Send(a, report);
+  EXPECT_EQ(a.LastError().code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  report.mutable_step_report()->set_job("nope");
+  Send(a, report);
+  EXPECT_EQ(a.LastError().code(),
+            static_cast<int>(absl::StatusCode::kNotFound));
+}
+
+TEST_F(CoordinatorTest, ReconnectOfTheSameAgentKeepsItsMembership) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 1, 2);
+  Join(b, "job", 1, 2);
+  Agent b2 = Connect("n1");  // Same instance: the agent reconnected.
+  EXPECT_TRUE(b.channel->closed);
+  EXPECT_EQ(b.channel->close_status.code(), absl::StatusCode::kAborted);
+  coordinator_->OnSessionClosed(b.id, "replaced");
+  EXPECT_THAT(a.Received(v1::CoordinatorMessage::kGenerationAborted),
+              SizeIs(0));
+  // Liveness now follows the new session.
+  RunUntil(
+      {&a, &b2}, [] { return false; }, absl::Seconds(10));
+  EXPECT_THAT(a.Received(v1::CoordinatorMessage::kGenerationAborted),
+              SizeIs(0));
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(CoordinatorTest, RestartRebuildsTheJobFromRejoiningAgents) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 2, 2);
+  Join(b, "job", 1, 2);
+  const v1::Membership sealed =
+      a.Received(v1::CoordinatorMessage::kMembership)[0].membership();
+
+  Restart();
+  a = Connect("n0");
+  b = Connect("n1");
+  for (Agent* agent : {&a, &b}) {
+    v1::AgentMessage message;
+    auto* rejoin = message.mutable_rejoin();
+    *rejoin->mutable_membership() = sealed;
+    rejoin->set_completed_step(41);
+    rejoin->set_expected_nodes(2);
+    Send(*agent, message);
+    auto accepted = agent->Received(v1::CoordinatorMessage::kJoinAccepted);
+    ASSERT_THAT(accepted, SizeIs(1)) << agent->LastError().message();
+    EXPECT_EQ(accepted[0].join_accepted().state(), v1::JOB_STATE_RUNNING);
+  }
+  v1::JobStatus status = Status("job");
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.generation(), 1);
+  EXPECT_EQ(status.world_size(), 3);
+  EXPECT_EQ(status.global_step(), 41);
+  for (const v1::MemberStatus& member : status.members()) {
+    EXPECT_TRUE(member.connected()) << member.node_name();
+  }
+  EXPECT_EQ(status.events(0).kind(), "recovered");
+  // No generation change, no abort: the job did not notice.
+  EXPECT_THAT(a.Received(v1::CoordinatorMessage::kGenerationAborted),
+              SizeIs(0));
+
+  // The store works again for the recovered generation.
+  v1::StoreSetRequest set;
+  set.mutable_scope()->set_job("job");
+  set.mutable_scope()->set_generation(1);
+  set.set_key("k");
+  absl::Status set_status = absl::UnknownError("not called");
+  coordinator_->StoreSet(set, [&](absl::Status s) { set_status = s; });
+  EXPECT_TRUE(set_status.ok()) << set_status;
+}
+
+TEST_F(CoordinatorTest, MemberThatNeverRejoinsAfterRestartIsLost) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 1, 2);
+  Join(b, "job", 1, 2);
+  const v1::Membership sealed =
+      a.Received(v1::CoordinatorMessage::kMembership)[0].membership();
+  Restart();
+  a = Connect("n0");
+  v1::AgentMessage message;
+  *message.mutable_rejoin()->mutable_membership() = sealed;
+  message.mutable_rejoin()->set_expected_nodes(2);
+  Send(a, message);
+  const absl::Duration took = RunUntil(
+      {&a},
+      [&] {
+        return !a.Received(v1::CoordinatorMessage::kGenerationAborted).empty();
+      },
+      absl::Seconds(30));
+  EXPECT_LE(took, options_.liveness_timeout + options_.tick_interval);
+  auto notices = a.Received(v1::CoordinatorMessage::kGenerationAborted);
+  ASSERT_THAT(notices, SizeIs(1));
+  EXPECT_EQ(notices[0].generation_aborted().lost_node(), "n1");
+  EXPECT_THAT(notices[0].generation_aborted().reason(),
+              HasSubstr("did not reconnect within 6.0 s"));
+}
+
+TEST_F(CoordinatorTest, RejoinWithAStaleGenerationIsAborted) {
+  Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
+  for (Agent* agent : {&a, &b, &c}) Join(*agent, "job", 1, 3, 2);
+  const v1::Membership first =
+      a.Received(v1::CoordinatorMessage::kMembership)[0].membership();
+  coordinator_->OnSessionClosed(c.id, "crashed");
+  v1::AgentMessage message;
+  *message.mutable_rejoin()->mutable_membership() = first;
+  message.mutable_rejoin()->set_expected_nodes(3);
+  message.mutable_rejoin()->set_min_nodes(2);
+  Send(a, message);
+  EXPECT_EQ(a.LastError().code(), static_cast<int>(absl::StatusCode::kAborted));
+}
+
+TEST_F(CoordinatorTest, JobFinishesWhenEveryNodeLeavesFinished) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 1, 2);
+  Join(b, "job", 1, 2);
+  v1::AgentMessage leave;
+  leave.mutable_leave()->set_job("job");
+  leave.mutable_leave()->set_generation(1);
+  leave.mutable_leave()->set_finished(true);
+  Send(a, leave);
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+  // The other node's agent exits without leaving: still a clean finish.
+  coordinator_->OnSessionClosed(b.id, "the agent closed its stream");
+  v1::JobStatus status = Status("job");
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FINISHED);
+  EXPECT_THAT(status.state_reason(), HasSubstr("training finished"));
+}
+
+TEST_F(CoordinatorTest, TwoJobsAreIsolated) {
+  Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n0-other");
+  Join(a, "alpha", 1, 2);
+  Join(b, "alpha", 1, 2);
+  Join(c, "beta", 4, 1);
+  coordinator_->OnSessionClosed(b.id, "crashed");
+  EXPECT_EQ(Status("alpha").state(), v1::JOB_STATE_REFORMING);
+  EXPECT_EQ(Status("beta").state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status("beta").generation(), 1);
+  EXPECT_THAT(c.Received(v1::CoordinatorMessage::kGenerationAborted),
+              SizeIs(0));
+  EXPECT_EQ(coordinator_->ListJobs().jobs_size(), 2);
+}
+
+TEST_F(CoordinatorTest, StoreWaitIsWokenBySetAndAbortedByGenerationChange) {
+  Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
+  for (Agent* agent : {&a, &b, &c}) Join(*agent, "job", 1, 3, 2);
+  v1::StoreGetRequest get;
+  get.mutable_scope()->set_job("job");
+  get.mutable_scope()->set_generation(1);
+  get.add_keys("rank0");
+  get.set_wait_timeout_ms(5000);
+  absl::StatusOr<std::vector<std::string>> got = absl::UnknownError("waiting");
+  coordinator_->StoreGet(get, [&](auto values) { got = std::move(values); });
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnknown);
+  v1::StoreSetRequest set;
+  *set.mutable_scope() = get.scope();
+  set.set_key("rank0");
+  set.set_value("addr");
+  coordinator_->StoreSet(set, [](absl::Status) {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, std::vector<std::string>{"addr"});
+
+  get.set_keys(0, "rank1");
+  got = absl::UnknownError("waiting");
+  coordinator_->StoreGet(get, [&](auto values) { got = std::move(values); });
+  coordinator_->OnSessionClosed(c.id, "crashed");
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(got.status().message(), HasSubstr("node n2"));
+}
+
+TEST_F(CoordinatorTest, ShutdownTellsEveryAgentWithoutLosingNodes) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 1, 2);
+  Join(b, "job", 1, 2);
+  coordinator_->Shutdown("going away");
+  for (Agent* agent : {&a, &b}) {
+    auto shutdown = agent->Received(v1::CoordinatorMessage::kShutdown);
+    ASSERT_THAT(shutdown, SizeIs(1));
+    EXPECT_EQ(shutdown[0].shutdown().reason(), "going away");
+    EXPECT_TRUE(agent->channel->closed);
+    EXPECT_EQ(agent->channel->close_status.code(),
+              absl::StatusCode::kUnavailable);
+  }
+  EXPECT_THAT(a.Received(v1::CoordinatorMessage::kGenerationAborted),
+              SizeIs(0));
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+}
+
+}  // namespace
+}  // namespace baton
