@@ -3,7 +3,6 @@
 #include <glog/logging.h>
 
 #include <cstdint>
-#include <limits>
 #include <map>
 #include <set>
 #include <utility>
@@ -12,7 +11,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 
 namespace baton {
@@ -485,7 +483,7 @@ void RendezvousStore::Tick(absl::Time now) {
   std::vector<PendingCallback> callbacks;
   for (auto& [job, scope] : jobs_) {
     while (!scope->deadlines.empty() &&
-           scope->deadlines.begin()->first < now) {
+           scope->deadlines.begin()->first <= now) {
       const uint64_t id = scope->deadlines.begin()->second;
       std::vector<std::string> missing =
           scope->MissingKeys(scope->waiters.at(id));

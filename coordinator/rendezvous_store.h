@@ -49,8 +49,9 @@ class RendezvousStore {
   // Get of the job with ABORTED.
   void OpenGeneration(const std::string& job, int64_t generation);
 
-  // Closes the job's open scope: waiting Gets get `why`, later requests for
-  // that generation ABORTED with `why`'s message.
+  // Closes the job's open scope: waiting Gets get ABORTED with `why`'s
+  // message, later requests for that generation too. Aborting a generation
+  // newer than the open one closes both; an older one is ignored.
   void AbortGeneration(const std::string& job, int64_t generation,
                        const absl::Status& why);
 

@@ -18,7 +18,9 @@ namespace baton {
 // Tracks each job's step progress from the agents' periodic StepReports: the
 // global step (last step completed by every rank), each rank's lag behind the
 // fastest rank, and stalls (a tensor some ranks submitted for step s and
-// others have not, for longer than the stall threshold).
+// others have not, for at least the stall threshold). A rank that completed
+// step s is never missing from it, and steps at or below the global step
+// never stall.
 //
 // Not thread-safe: owned by the coordinator's control loop.
 class StepManager {
@@ -32,18 +34,23 @@ class StepManager {
   StepManager& operator=(const StepManager&) = delete;
 
   // A generation was sealed (or recovered): the job's ranks are those of
-  // `membership`. Reports of earlier generations are dropped; the global step
-  // never goes backwards.
+  // `membership`. Reports of earlier generations are dropped and every rank
+  // starts at -1; the global step never goes backwards. Sealing the current
+  // generation again (another rejoin) or an older one changes nothing.
   void OnGenerationSealed(const v1::Membership& membership);
 
   // Records `node_name`'s report (the caller checked job and generation).
-  // INVALID_ARGUMENT when a rank is not one of the node's ranks, a step is
-  // below -1, or a pending entry names a rank twice.
+  // It replaces the node's previous report; a rank's step never goes down.
+  // FAILED_PRECONDITION when the job, generation or node is not one this
+  // manager was told about; INVALID_ARGUMENT when a rank is not one of the
+  // node's ranks or is named twice, a step is below -1 (a pending step below
+  // 0), or a waiting time is negative. A rejected report changes nothing.
   absl::Status OnReport(const std::string& node_name,
                         const v1::StepReport& report, absl::Time now);
 
   // Seeds a recovered job: every rank of `node_name` completed
-  // `completed_step`.
+  // `completed_step` (never lowering a rank). Call after OnGenerationSealed;
+  // an unknown job or node is ignored.
   void Recover(const std::string& job, const std::string& node_name,
                int64_t completed_step);
 

@@ -136,10 +136,6 @@ class AgentSessionService::Reactor final : public SessionStream {
       : service_(service),
         id_(id),
         channel_(std::make_shared<StreamChannel>(this)) {
-    {
-      absl::MutexLock lock(&service_->mu_);
-      ++service_->open_sessions_;
-    }
     std::shared_ptr<AgentChannel> channel = channel_;
     service_->loop_->Post(
         [coordinator = service_->coordinator_, id = id_, channel]() {
@@ -176,10 +172,7 @@ class AgentSessionService::Reactor final : public SessionStream {
   void OnDone() override {
     channel_->Detach();
     PostClosed("the stream ended");
-    AgentSessionService* const service = service_;
     delete this;
-    absl::MutexLock lock(&service->mu_);
-    --service->open_sessions_;
   }
 
  private:
@@ -206,19 +199,6 @@ grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>*
 AgentSessionService::AgentSession(grpc::CallbackServerContext* /*context*/) {
   const SessionId id(next_session_id_.fetch_add(1, std::memory_order_relaxed));
   return new Reactor(this, id);
-}
-
-bool AgentSessionService::WaitUntilNoSessions(absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  const auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return open_sessions_ == 0;
-  };
-  return mu_.AwaitWithDeadline(absl::Condition(&none), deadline);
-}
-
-int AgentSessionService::open_sessions() const {
-  absl::MutexLock lock(&mu_);
-  return open_sessions_;
 }
 
 }  // namespace baton

@@ -5,9 +5,6 @@
 #include <atomic>
 #include <cstdint>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "baton/v1/coordinator.grpc.pb.h"
 #include "coordinator/control_loop.h"
 #include "coordinator/coordinator.h"
@@ -29,13 +26,6 @@ class AgentSessionService final : public v1::Coordinator::CallbackService {
   grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>*
   AgentSession(grpc::CallbackServerContext* context) override;
 
-  // Waits until no session stream is open, or until `deadline`; returns
-  // whether none is. For shutdown, after the coordinator closed them all.
-  bool WaitUntilNoSessions(absl::Time deadline);
-
-  // Session streams whose reactor is not done yet.
-  int open_sessions() const;
-
  private:
   // One stream; defined in the .cc.
   class Reactor;
@@ -46,9 +36,6 @@ class AgentSessionService final : public v1::Coordinator::CallbackService {
 
   // Session ids are unique per process and never reused.
   std::atomic<uint64_t> next_session_id_{1};
-
-  mutable absl::Mutex mu_;
-  int open_sessions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace baton

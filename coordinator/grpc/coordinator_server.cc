@@ -58,18 +58,10 @@ void CoordinatorServer::Shutdown(absl::Duration grace) {
   loop_.Post([this] {
     coordinator_.Shutdown("the coordinator is shutting down (SIGTERM)");
   });
-  const absl::Time deadline = absl::Now() + grace;
-  // Let every session deliver its shutdown message and end before the
-  // server's GOAWAY: with gRPC 1.51, a GOAWAY racing the sessions' last
-  // writes was sometimes never sent, holding Shutdown for the whole grace.
-  if (!agent_sessions_.WaitUntilNoSessions(deadline)) {
-    LOG(WARNING) << agent_sessions_.open_sessions()
-                 << " agent session(s) still open after the grace period; "
-                    "cancelling them";
-  }
-  // Waits for the other calls in progress, cancelling what is left at the
-  // deadline. The loop keeps running meanwhile: the calls finish through it.
-  server_->Shutdown(absl::ToChronoTime(deadline));
+  // Waits for the sessions to drain their shutdown messages and for calls in
+  // progress, cancelling what is left at the deadline. The loop keeps
+  // running meanwhile: the calls finish through it.
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
   loop_.Stop();
   loop_thread_.join();

@@ -1,5 +1,6 @@
 #include "tests/integration/test_agent.h"
 
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,7 +11,7 @@ namespace baton {
 TestAgent::~TestAgent() {
   StopHeartbeats();
   if (reader_.joinable()) {
-    context_.TryCancel();
+    Cancel();
     reader_.join();
   }
 }
@@ -19,20 +20,28 @@ absl::Status TestAgent::Connect(const std::string& address,
                                 const std::string& node_name,
                                 const std::string& instance,
                                 absl::Duration timeout) {
-  if (stream_ != nullptr) {
+  if (started_) {
     return absl::FailedPreconditionError(
         "TestAgent::Connect called twice; use a new TestAgent");
   }
   const absl::Time deadline = absl::Now() + timeout;
   node_name_ = node_name;
-  channel_ = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  if (!channel_->WaitForConnected(absl::ToChronoTime(deadline))) {
-    return absl::UnavailableError(
-        absl::StrCat("agent ", node_name, " could not connect to ", address,
-                     " within ", absl::FormatDuration(timeout)));
+  {
+    absl::MutexLock lock(&write_mu_);
+    channel_ = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+    if (!channel_->WaitForConnected(absl::ToChronoTime(deadline))) {
+      return absl::UnavailableError(
+          absl::StrCat("agent ", node_name, " could not connect to ", address,
+                       " within ", absl::FormatDuration(timeout)));
+    }
+    stub_ = v1::Coordinator::NewStub(channel_);
+    {
+      absl::MutexLock context_lock(&context_mu_);
+      context_ = std::make_unique<grpc::ClientContext>();
+      stream_ = stub_->AgentSession(context_.get());
+    }
   }
-  stub_ = v1::Coordinator::NewStub(channel_);
-  stream_ = stub_->AgentSession(&context_);
+  started_ = true;
   reader_ = std::thread([this] { ReadLoop(); });
 
   v1::AgentMessage hello;
@@ -81,6 +90,15 @@ void TestAgent::ReadLoop() {
     absl::MutexLock lock(&write_mu_);
     status = stream_->Finish();
     writes_done_ = true;
+    // Let the connection go, as an agent moving on would: a connection that
+    // no thread polls never answers the server's GOAWAY, which holds a
+    // shutting-down coordinator for its whole grace period. The context
+    // holds the channel too.
+    stream_.reset();
+    stub_.reset();
+    channel_.reset();
+    absl::MutexLock context_lock(&context_mu_);
+    context_.reset();
   }
   absl::MutexLock lock(&mu_);
   final_status_ = std::move(status);
@@ -218,29 +236,29 @@ std::optional<grpc::Status> TestAgent::WaitForStreamEnd(
 
 grpc::Status TestAgent::CloseStream(absl::Duration timeout) {
   StopHeartbeats();
-  if (stream_ == nullptr) {
+  if (!started_) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "the agent is not connected");
   }
   {
     absl::MutexLock lock(&write_mu_);
-    if (!writes_done_) {
+    if (!writes_done_ && stream_ != nullptr) {
       writes_done_ = true;
       stream_->WritesDone();
     }
   }
-  if (!WaitForStreamEnd(timeout).has_value()) context_.TryCancel();
+  if (!WaitForStreamEnd(timeout).has_value()) Cancel();
   JoinThreads();
   return *final_status();
 }
 
 grpc::Status TestAgent::Abort() {
   StopHeartbeats();
-  if (stream_ == nullptr) {
+  if (!started_) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "the agent is not connected");
   }
-  context_.TryCancel();
+  Cancel();
   JoinThreads();
   return *final_status();
 }
@@ -276,6 +294,11 @@ void TestAgent::StopHeartbeats() {
 std::optional<grpc::Status> TestAgent::final_status() const {
   absl::MutexLock lock(&mu_);
   return final_status_;
+}
+
+void TestAgent::Cancel() {
+  absl::MutexLock lock(&context_mu_);
+  if (context_ != nullptr) context_->TryCancel();
 }
 
 void TestAgent::JoinThreads() {

@@ -106,20 +106,28 @@ class TestAgent {
   void ReadLoop();
   // Joins the reader (after its stream ended) and the heartbeat thread.
   void JoinThreads();
+  // Cancels the call, if it is not over yet.
+  void Cancel();
 
-  // Set by Connect before the threads start; constant afterwards.
+  // Set by Connect; constant once it returns.
+  bool started_ = false;
   std::string node_name_;
   v1::SessionAccepted session_accepted_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
-  grpc::ClientContext context_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>>
-      stream_;
   std::thread reader_;
 
-  // Serializes writes (gRPC allows one at a time) and seq assignment.
+  // Serializes writes (gRPC allows one at a time) and seq assignment. The
+  // reader reads `stream_` without the lock (only it may reset it) and
+  // releases the stream, stub and channel when the stream ends.
   absl::Mutex write_mu_;
+  // Lock order: write_mu_, then context_mu_. TryCancel takes only
+  // context_mu_, so it can unblock a write that holds write_mu_.
+  absl::Mutex context_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
+  std::unique_ptr<grpc::ClientContext> context_ ABSL_GUARDED_BY(context_mu_);
+  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(write_mu_);
+  std::unique_ptr<v1::Coordinator::Stub> stub_ ABSL_GUARDED_BY(write_mu_);
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>>
+      stream_ ABSL_GUARDED_BY(write_mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(write_mu_) = 0;
   bool writes_done_ ABSL_GUARDED_BY(write_mu_) = false;
 

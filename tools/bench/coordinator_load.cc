@@ -778,9 +778,14 @@ void PrintResults(const Results& r, FILE* human) {
   if (r.coordinator.ok) {
     std::fprintf(human,
                  "  coordinator: RSS %.1f MiB (peak %.1f MiB), CPU %.2f s "
-                 "since start, %.0f%% of a core in steady state\n",
+                 "since start",
                  r.coordinator.rss_mib, r.coordinator.hwm_mib,
-                 r.coordinator.cpu_s, r.steady_cpu_pct);
+                 r.coordinator.cpu_s);
+    if (r.steady_cpu_pct >= 0) {
+      std::fprintf(human, ", %.0f%% of a core in steady state",
+                   r.steady_cpu_pct);
+    }
+    std::fprintf(human, "\n");
   }
   if (!FLAGS_json) return;
   std::printf(
@@ -943,14 +948,14 @@ int Main(int argc, char** argv) {
   }
   if (!results.sealed) {
     results.coordinator = after_seal;
+    ticker.Stop();
+    Collect(recorder, ticker, &results);
     v1::JobStatus job;
     if (GetJob(channels[0], kReachTimeout, &job).ok() &&
         SealedAt(job) != absl::InfinitePast()) {
       results.coordinator_seal_s =
           absl::ToDoubleSeconds(SealedAt(job) - join_start);
     }
-    ticker.Stop();
-    Collect(recorder, ticker, &results);
     PrintResults(results, human);
     std::fprintf(stderr,
                  "baton-coordinator-load: the job was not sealed within %d s "

@@ -207,7 +207,9 @@ TEST_F(RendezvousStoreTest, ManyWaitersEachWokenByTheirOwnLastKey) {
                     .ok());
     ASSERT_EQ(got[i].calls(), 1) << i;
     EXPECT_THAT(*got[i].result(), ElementsAre("c", absl::StrCat("addr", i)));
-    if (i > 0) EXPECT_EQ(got[i - 1].calls(), 0);
+    if (i > 0) {
+      EXPECT_EQ(got[i - 1].calls(), 0);
+    }
     EXPECT_EQ(store_.WaitingGets(), static_cast<size_t>(i));
   }
 }

@@ -1,0 +1,512 @@
+// The real baton-coordinator binary driven by real gRPC clients acting as
+// agents: membership, mismatches, losses, steps and stalls, the store, many
+// jobs, and restart with state rebuilt from reconnecting agents.
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "baton/v1/rendezvous.grpc.pb.h"
+#include "baton/v1/status.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/coordinator_process.h"
+#include "tests/integration/test_agent.h"
+
+namespace baton {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Short deadlines so the scenarios run in seconds.
+constexpr absl::Duration kLiveness = absl::Milliseconds(1000);
+constexpr absl::Duration kTick = absl::Milliseconds(50);
+constexpr absl::Duration kStall = absl::Milliseconds(500);
+// Scheduling slack on a loaded 2-core machine; bounds stay functional.
+constexpr absl::Duration kSlack = absl::Seconds(3);
+
+v1::TensorSpec Spec(const std::string& name, std::vector<int64_t> shape,
+                    v1::DataType dtype = v1::DATA_TYPE_FLOAT32) {
+  v1::TensorSpec spec;
+  spec.set_name(name);
+  spec.set_dtype(dtype);
+  for (int64_t dim : shape) spec.add_shape(dim);
+  spec.set_op(v1::COLLECTIVE_OP_PUSH_PULL);
+  return spec;
+}
+
+class CoordinatorScenariosTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartCoordinator(0); }
+
+  void StartCoordinator(int port) {
+    const absl::Status started = coordinator_.Start(
+        {"--heartbeat_interval_ms=200",
+         absl::StrCat("--liveness_timeout_ms=",
+                      absl::ToInt64Milliseconds(kLiveness)),
+         absl::StrCat("--tick_interval_ms=", absl::ToInt64Milliseconds(kTick)),
+         absl::StrCat("--stall_threshold_ms=",
+                      absl::ToInt64Milliseconds(kStall)),
+         "--reform_timeout_ms=30000"},
+        port);
+    ASSERT_TRUE(started.ok()) << started;
+    channel_ = grpc::CreateChannel(coordinator_.address(),
+                                   grpc::InsecureChannelCredentials());
+    status_ = v1::Status::NewStub(channel_);
+    store_ = v1::RendezvousStore::NewStub(channel_);
+  }
+
+  std::unique_ptr<TestAgent> Agent(const std::string& node,
+                                   const std::string& instance = "") {
+    auto agent = std::make_unique<TestAgent>();
+    const absl::Status connected =
+        agent->Connect(coordinator_.address(), node,
+                       instance.empty() ? "i-" + node : instance);
+    EXPECT_TRUE(connected.ok()) << connected;
+    agent->StartHeartbeats(absl::Milliseconds(200));
+    return agent;
+  }
+
+  // Joins and waits for the answer, so that joins from different agents
+  // reach the coordinator in the order the test gives (node ranks follow
+  // join order). Returns the reply.
+  v1::CoordinatorMessage JoinInOrder(TestAgent& agent, const std::string& job,
+                                     const std::string& address,
+                                     int32_t local_size, int32_t expected,
+                                     int32_t min_nodes = 0,
+                                     int64_t partition_bytes = 0) {
+    const uint64_t seq = agent.Join(job, address, local_size, expected,
+                                    min_nodes, partition_bytes);
+    auto reply = agent.WaitForReply(seq);
+    EXPECT_TRUE(reply.has_value()) << agent.node_name();
+    return reply ? *reply : v1::CoordinatorMessage();
+  }
+
+  // Waits for the membership of `generation` on `agent`.
+  v1::Membership AwaitMembership(TestAgent& agent, int64_t generation = 1) {
+    auto message = agent.WaitFor(
+        [&](const v1::CoordinatorMessage& m) {
+          return m.has_membership() &&
+                 m.membership().generation() == generation;
+        },
+        absl::Seconds(10));
+    EXPECT_TRUE(message.has_value()) << agent.node_name();
+    return message ? message->membership() : v1::Membership();
+  }
+
+  v1::Error AwaitError(TestAgent& agent) {
+    auto message = agent.WaitForBody(v1::CoordinatorMessage::kError);
+    EXPECT_TRUE(message.has_value()) << agent.node_name();
+    return message ? message->error() : v1::Error();
+  }
+
+  v1::JobStatus GetJob(const std::string& job) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(5));
+    v1::GetJobRequest request;
+    request.set_job(job);
+    v1::JobStatus status;
+    const grpc::Status rpc = status_->GetJob(&context, request, &status);
+    EXPECT_TRUE(rpc.ok()) << rpc.error_message();
+    return status;
+  }
+
+  // Polls status until `done` holds, up to `timeout`.
+  v1::JobStatus AwaitJob(const std::string& job,
+                         const std::function<bool(const v1::JobStatus&)>& done,
+                         absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    v1::JobStatus status = GetJob(job);
+    while (!done(status) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+      status = GetJob(job);
+    }
+    return status;
+  }
+
+  grpc::Status StoreGet(const std::string& job, int64_t generation,
+                        std::vector<std::string> keys, int64_t wait_ms,
+                        v1::StoreGetResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(wait_ms + 5000));
+    v1::StoreGetRequest request;
+    request.mutable_scope()->set_job(job);
+    request.mutable_scope()->set_generation(generation);
+    for (std::string& key : keys) request.add_keys(std::move(key));
+    request.set_wait_timeout_ms(wait_ms);
+    return store_->Get(&context, request, response);
+  }
+
+  grpc::Status StoreSet(const std::string& job, int64_t generation,
+                        const std::string& key, const std::string& value) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(5));
+    v1::StoreSetRequest request;
+    request.mutable_scope()->set_job(job);
+    request.mutable_scope()->set_generation(generation);
+    request.set_key(key);
+    request.set_value(value);
+    v1::StoreSetResponse response;
+    return store_->Set(&context, request, &response);
+  }
+
+  CoordinatorProcess coordinator_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Status::Stub> status_;
+  std::unique_ptr<v1::RendezvousStore::Stub> store_;
+};
+
+TEST_F(CoordinatorScenariosTest, SealsWithHeterogeneousTrainerCounts) {
+  auto a = Agent("n0"), b = Agent("n1"), c = Agent("n2");
+  JoinInOrder(*a, "job", "10.0.0.1:7000", 4, 3);
+  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 3);
+  JoinInOrder(*c, "job", "10.0.0.3:7000", 2, 3);
+  const v1::Membership m = AwaitMembership(*a);
+  EXPECT_EQ(AwaitMembership(*b).SerializeAsString(), m.SerializeAsString());
+  EXPECT_EQ(AwaitMembership(*c).SerializeAsString(), m.SerializeAsString());
+  EXPECT_EQ(m.world_size(), 7);
+  ASSERT_EQ(m.nodes_size(), 3);
+  EXPECT_EQ(m.nodes(1).node_name(), "n1");
+  EXPECT_EQ(m.nodes(1).rank_offset(), 4);
+  EXPECT_EQ(m.nodes(2).rank_offset(), 5);
+  const v1::JobStatus status = GetJob("job");
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.generation(), 1);
+  EXPECT_EQ(status.world_size(), 7);
+}
+
+TEST_F(CoordinatorScenariosTest, DuplicateNodeNameGetsAClearError) {
+  auto a = Agent("n0", "first"), dup = Agent("n0", "second");
+  JoinInOrder(*a, "job", "10.0.0.1:7000", 1, 2);
+  const v1::Error error =
+      JoinInOrder(*dup, "job", "10.0.0.9:7000", 1, 2).error();
+  EXPECT_EQ(error.code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(error.message(),
+              HasSubstr("node name \"n0\" is already a member of job \"job\" "
+                        "(agent at 10.0.0.1:7000): give each agent a unique "
+                        "node name"));
+}
+
+TEST_F(CoordinatorScenariosTest, AgreeingManifestsGiveEveryAgentTheSamePlan) {
+  auto a = Agent("n0"), b = Agent("n1");
+  JoinInOrder(*a, "job", "10.0.0.1:7000", 2, 2, 0, 1 << 20);
+  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2, 0, 1 << 20);
+  AwaitMembership(*a);
+  AwaitMembership(*b);
+  const std::vector<v1::TensorSpec> tensors = {
+      Spec("layer1.weight", {1024, 768}), Spec("layer1.bias", {768})};
+  a->Manifest("job", 1, tensors);
+  b->Manifest("job", 1, tensors);
+  auto plan_a = a->WaitForBody(v1::CoordinatorMessage::kPlan);
+  auto plan_b = b->WaitForBody(v1::CoordinatorMessage::kPlan);
+  ASSERT_TRUE(plan_a && plan_b);
+  EXPECT_EQ(plan_a->plan().SerializeAsString(),
+            plan_b->plan().SerializeAsString());
+  const v1::TensorPlan& plan = plan_a->plan();
+  EXPECT_EQ(plan.version(), 1);
+  EXPECT_EQ(plan.partition_bytes(), 1 << 20);
+  ASSERT_EQ(plan.tensors_size(), 2);
+  EXPECT_EQ(plan.tensors(0).spec().name(), "layer1.weight");
+  EXPECT_EQ(plan.tensors(0).priority(), 0);
+  EXPECT_EQ(plan.tensors(0).size_bytes(), 1024 * 768 * 4);
+  EXPECT_EQ(plan.tensors(0).num_partitions(), 3);
+  EXPECT_EQ(plan.tensors(1).priority(), 1);
+  EXPECT_EQ(plan.tensors(1).num_partitions(), 1);
+  EXPECT_EQ(GetJob("job").plan().num_tensors(), 2);
+}
+
+TEST_F(CoordinatorScenariosTest, MismatchErrorNamesTensorBothValuesAndRanks) {
+  auto a = Agent("n0"), b = Agent("n1");
+  JoinInOrder(*a, "job", "10.0.0.1:7000", 2, 2);
+  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2);
+  AwaitMembership(*a);
+  AwaitMembership(*b);
+  a->Manifest("job", 1, {Spec("fc.weight", {3, 4})});
+  b->Manifest("job", 1, {Spec("fc.weight", {4, 3})});
+  for (TestAgent* agent : {a.get(), b.get()}) {
+    const v1::Error error = AwaitError(*agent);
+    EXPECT_EQ(error.code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(error.mismatch().tensor(), "fc.weight");
+    EXPECT_EQ(error.mismatch().field(), "shape");
+    ASSERT_EQ(error.mismatch().values_size(), 2);
+    EXPECT_EQ(error.mismatch().values(0).value(), "[3, 4]");
+    EXPECT_THAT(error.mismatch().values(0).ranks(), ElementsAre(0, 1));
+    EXPECT_EQ(error.mismatch().values(1).value(), "[4, 3]");
+    EXPECT_THAT(error.mismatch().values(1).ranks(), ElementsAre(2));
+    EXPECT_THAT(error.message(), HasSubstr("fc.weight"));
+    EXPECT_THAT(error.message(), HasSubstr("[3, 4] on ranks {0,1} (node n0)"));
+    EXPECT_THAT(error.message(), HasSubstr("[4, 3] on ranks {2} (node n1)"));
+  }
+  const v1::JobStatus status = GetJob("job");
+  ASSERT_EQ(status.mismatches_size(), 1);
+  EXPECT_EQ(status.plan().version(), 0);
+}
+
+TEST_F(CoordinatorScenariosTest,
+       SilentNodeIsLostWithinTheBoundAndSurvivorsTold) {
+  auto a = Agent("n0"), b = Agent("n1");
+  auto silent = std::make_unique<TestAgent>();
+  ASSERT_TRUE(silent->Connect(coordinator_.address(), "n2", "i-n2").ok());
+  JoinInOrder(*a, "job", "10.0.0.1:7000", 1, 3);
+  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 3);
+  JoinInOrder(*silent, "job", "10.0.0.3:7000", 1, 3);
+  const absl::Time last_word = absl::Now();
+  AwaitMembership(*a);
+  auto notice = a->WaitForBody(v1::CoordinatorMessage::kGenerationAborted,
+                               kLiveness + kTick + kSlack);
+  const absl::Duration detected_after = absl::Now() - last_word;
+  ASSERT_TRUE(notice.has_value()) << "no loss notice within the bound";
+  EXPECT_GE(detected_after, kLiveness);
+  EXPECT_EQ(notice->generation_aborted().lost_node(), "n2");
+  EXPECT_EQ(notice->generation_aborted().aborted_generation(), 1);
+  EXPECT_EQ(notice->generation_aborted().new_generation(), 2);
+  EXPECT_THAT(notice->generation_aborted().reason(),
+              HasSubstr("node n2 missed its liveness deadline"));
+  ASSERT_TRUE(b->WaitForBody(v1::CoordinatorMessage::kGenerationAborted));
+  auto ended = silent->WaitForStreamEnd();
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const v1::JobStatus status = GetJob("job");
+  EXPECT_EQ(status.state(), v1::JOB_STATE_REFORMING);
+  EXPECT_EQ(status.generation(), 2);
+}
+
+TEST_F(CoordinatorScenariosTest, CrashedAgentIsLostAtOnce) {
+  auto a = Agent("n0"), b = Agent("n1");
+  JoinInOrder(*a, "job", "10.0.0.1:7000", 1, 2, /*min_nodes=*/1);
+  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2, 1);
+  AwaitMembership(*a);
+  b->Abort();
+  auto notice =
+      a->WaitForBody(v1::CoordinatorMessage::kGenerationAborted, kSlack);
+  ASSERT_TRUE(notice.has_value());
+  EXPECT_EQ(notice->generation_aborted().lost_node(), "n1");
+  EXPECT_THAT(notice->generation_aborted().reason(),
+              HasSubstr("lost its session"));
+  // min_nodes=1: re-sealed at once with the survivor.
+  const v1::Membership m = AwaitMembership(*a, 2);
+  EXPECT_EQ(m.world_size(), 1);
+}
+
+TEST_F(CoordinatorScenariosTest, GlobalStepAndLagFollowTheSlowestRank) {
+  auto a = Agent("n0"), b = Agent("n1");
+  JoinInOrder(*a, "job", "10.0.0.1:7000", 2, 2);
+  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2);
+  AwaitMembership(*a);
+  a->StepReport("job", 1, {{0, 12}, {1, 11}});
+  b->StepReport("job", 1, {{2, 9}});
+  const v1::JobStatus status = AwaitJob(
+      "job", [](const v1::JobStatus& s) { return s.global_step() == 9; },
+      kSlack);
+  EXPECT_EQ(status.global_step(), 9);
+  ASSERT_EQ(status.members_size(), 2);
+  ASSERT_EQ(status.members(1).ranks_size(), 1);
+  EXPECT_EQ(status.members(1).ranks(0).rank(), 2);
+  EXPECT_EQ(status.members(1).ranks(0).lag(), 3);
+  EXPECT_EQ(status.members(0).ranks(1).lag(), 1);
+}
+
+TEST_F(CoordinatorScenariosTest, StallReportNamesTheMissingRanks) {
+  auto a = Agent("n0"), b = Agent("n1");
+  JoinInOrder(*a, "job", "10.0.0.1:7000", 2, 2);
+  JoinInOrder(*b, "job", "10.0.0.2:7000", 2, 2);
+  AwaitMembership(*a);
+  AwaitMembership(*b);
+  const std::vector<v1::TensorSpec> tensors = {Spec("grad.w", {16})};
+  a->Manifest("job", 1, tensors);
+  b->Manifest("job", 1, tensors);
+  ASSERT_TRUE(a->WaitForBody(v1::CoordinatorMessage::kPlan));
+  v1::PendingTensor waiting;
+  waiting.set_tensor_id(0);
+  waiting.set_step(3);
+  waiting.add_submitted_ranks(0);
+  waiting.add_submitted_ranks(1);
+  waiting.set_waiting_ms(100);
+  a->StepReport("job", 1, {{0, 2}, {1, 2}}, {waiting});
+  v1::PendingTensor partial = waiting;
+  partial.clear_submitted_ranks();
+  partial.add_submitted_ranks(2);
+  b->StepReport("job", 1, {{2, 2}, {3, 2}}, {partial});
+  // The stall shows in status once it crosses the threshold, and in the
+  // event log at the coordinator's next tick.
+  const auto has_stall_event = [](const v1::JobStatus& s) {
+    for (const v1::JobEvent& e : s.events()) {
+      if (e.kind() == "stall") return true;
+    }
+    return false;
+  };
+  const v1::JobStatus status = AwaitJob(
+      "job",
+      [&](const v1::JobStatus& s) {
+        return s.stalls_size() > 0 && has_stall_event(s);
+      },
+      kStall + kSlack);
+  ASSERT_EQ(status.stalls_size(), 1);
+  EXPECT_EQ(status.stalls(0).tensor(), "grad.w");
+  EXPECT_EQ(status.stalls(0).step(), 3);
+  EXPECT_THAT(status.stalls(0).missing_ranks(), ElementsAre(3));
+  EXPECT_THAT(status.stalls(0).submitted_ranks(), ElementsAre(0, 1, 2));
+  EXPECT_GE(status.stalls(0).waiting_ms(), absl::ToInt64Milliseconds(kStall));
+  bool event = false;
+  for (const v1::JobEvent& e : status.events()) {
+    if (e.kind() == "stall") {
+      event = true;
+      EXPECT_THAT(e.message(),
+                  HasSubstr("tensor grad.w, step 3: waiting for ranks {3}"));
+    }
+  }
+  EXPECT_TRUE(event);
+}
+
+TEST_F(CoordinatorScenariosTest, RendezvousStoreServesTheSealedGeneration) {
+  auto a = Agent("n0"), b = Agent("n1");
+  JoinInOrder(*a, "job", "10.0.0.1:7000", 1, 2);
+  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2);
+  AwaitMembership(*a);
+
+  // A waiting Get is woken by a Set from another client.
+  v1::StoreGetResponse got;
+  grpc::Status get_status;
+  std::thread getter([&] {
+    get_status = StoreGet("job", 1, {"rank0", "rank1"}, 10000, &got);
+  });
+  ASSERT_TRUE(StoreSet("job", 1, "rank0", std::string("a\0b", 3)).ok());
+  ASSERT_TRUE(StoreSet("job", 1, "rank1", "tcp://n1").ok());
+  getter.join();
+  ASSERT_TRUE(get_status.ok()) << get_status.error_message();
+  ASSERT_EQ(got.values_size(), 2);
+  EXPECT_EQ(got.values(0), std::string("a\0b", 3));
+  EXPECT_EQ(got.values(1), "tcp://n1");
+
+  grpc::ClientContext context;
+  v1::StoreAddRequest add;
+  add.mutable_scope()->set_job("job");
+  add.mutable_scope()->set_generation(1);
+  add.set_key("count");
+  add.set_delta(5);
+  v1::StoreAddResponse sum;
+  ASSERT_TRUE(store_->Add(&context, add, &sum).ok());
+  EXPECT_EQ(sum.value(), 5);
+
+  v1::StoreGetResponse missing;
+  const grpc::Status timed_out = StoreGet("job", 1, {"nobody"}, 100, &missing);
+  EXPECT_EQ(timed_out.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(timed_out.error_message(), HasSubstr("nobody"));
+  EXPECT_EQ(StoreSet("other", 1, "k", "v").error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(StoreSet("job", 2, "k", "v").error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+
+  // A loss ends generation 1: its waiting Gets and later requests ABORTED.
+  std::thread waiter([&] {
+    v1::StoreGetResponse never;
+    get_status = StoreGet("job", 1, {"never"}, 20000, &never);
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  b->Abort();
+  waiter.join();
+  EXPECT_EQ(get_status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_EQ(StoreSet("job", 1, "k", "v").error_code(),
+            grpc::StatusCode::ABORTED);
+}
+
+TEST_F(CoordinatorScenariosTest, TwoJobsRunInParallelIsolated) {
+  auto a = Agent("n0"), b = Agent("n1"), c = Agent("n2"), d = Agent("n3");
+  JoinInOrder(*a, "alpha", "10.0.0.1:7000", 1, 2);
+  JoinInOrder(*c, "beta", "10.0.0.3:7000", 1, 2);
+  JoinInOrder(*b, "alpha", "10.0.0.2:7000", 1, 2);
+  JoinInOrder(*d, "beta", "10.0.0.4:7000", 1, 2);
+  EXPECT_EQ(AwaitMembership(*a).nodes(1).node_name(), "n1");
+  EXPECT_EQ(AwaitMembership(*c).nodes(1).node_name(), "n3");
+  b->Abort();
+  ASSERT_TRUE(a->WaitForBody(v1::CoordinatorMessage::kGenerationAborted));
+  EXPECT_EQ(GetJob("alpha").state(), v1::JOB_STATE_REFORMING);
+  const v1::JobStatus beta = GetJob("beta");
+  EXPECT_EQ(beta.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(beta.generation(), 1);
+  EXPECT_FALSE(c->WaitForBody(v1::CoordinatorMessage::kGenerationAborted,
+                              absl::Milliseconds(300)));
+}
+
+TEST_F(CoordinatorScenariosTest, UnknownJobAndBadJoinAreAnswered) {
+  grpc::ClientContext context;
+  v1::GetJobRequest request;
+  request.set_job("nope");
+  v1::JobStatus status;
+  const grpc::Status rpc = status_->GetJob(&context, request, &status);
+  EXPECT_EQ(rpc.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(rpc.error_message(), HasSubstr("\"nope\""));
+
+  auto a = Agent("n0");
+  const v1::Error error = JoinInOrder(*a, "job", "10.0.0.1:7000", 0, 2).error();
+  EXPECT_EQ(error.code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(error.message(), HasSubstr("JoinJob.local_size is 0"));
+}
+
+TEST_F(CoordinatorScenariosTest,
+       RestartRebuildsRunningJobsFromReconnectingAgents) {
+  auto a = Agent("n0"), b = Agent("n1");
+  JoinInOrder(*a, "job", "10.0.0.1:7000", 2, 2);
+  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2);
+  const v1::Membership sealed = AwaitMembership(*a);
+  const std::vector<v1::TensorSpec> tensors = {Spec("w", {8})};
+  a->Manifest("job", 1, tensors);
+  b->Manifest("job", 1, tensors);
+  auto plan = a->WaitForBody(v1::CoordinatorMessage::kPlan);
+  ASSERT_TRUE(plan.has_value());
+
+  const int port = coordinator_.port();
+  const ProcessExit exit = coordinator_.Kill();
+  EXPECT_FALSE(exit.exited);
+  ASSERT_TRUE(a->WaitForStreamEnd().has_value());
+  StartCoordinator(port);
+
+  // The agents reconnect and re-report what they run.
+  std::vector<std::unique_ptr<TestAgent>> back;
+  for (const std::string node : {"n0", "n1"}) {
+    back.push_back(Agent(node));
+    v1::AgentMessage message;
+    auto* rejoin = message.mutable_rejoin();
+    *rejoin->mutable_membership() = sealed;
+    *rejoin->mutable_plan() = plan->plan();
+    rejoin->set_completed_step(100);
+    rejoin->set_expected_nodes(2);
+    const uint64_t seq = back.back()->Send(message);
+    auto reply = back.back()->WaitForReply(seq);
+    ASSERT_TRUE(reply.has_value());
+    ASSERT_TRUE(reply->has_join_accepted()) << reply->DebugString();
+    EXPECT_EQ(reply->join_accepted().state(), v1::JOB_STATE_RUNNING);
+  }
+  const v1::JobStatus status = GetJob("job");
+  EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(status.generation(), 1);
+  EXPECT_EQ(status.world_size(), 3);
+  EXPECT_EQ(status.global_step(), 100);
+  EXPECT_EQ(status.plan().version(), 1);
+  EXPECT_EQ(status.plan().num_tensors(), 1);
+  for (const v1::MemberStatus& member : status.members()) {
+    EXPECT_TRUE(member.connected()) << member.node_name();
+  }
+  EXPECT_EQ(status.events(0).kind(), "recovered");
+  // The recovered job keeps running: step reports for generation 1 work.
+  back[0]->StepReport("job", 1, {{0, 101}, {1, 101}});
+  back[1]->StepReport("job", 1, {{2, 101}});
+  EXPECT_EQ(
+      AwaitJob(
+          "job", [](const v1::JobStatus& s) { return s.global_step() == 101; },
+          kSlack)
+          .global_step(),
+      101);
+  EXPECT_FALSE(back[0]->WaitForBody(v1::CoordinatorMessage::kGenerationAborted,
+                                    kLiveness + absl::Milliseconds(500)));
+}
+
+}  // namespace
+}  // namespace baton
