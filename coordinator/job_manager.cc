@@ -8,14 +8,11 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
+#include "coordinator/job.h"
 #include "glog/logging.h"
 
 namespace baton {
-namespace {
-
-constexpr int32_t kMaxNodes = 100000;
-constexpr int32_t kMaxLocalSize = 1024;
-constexpr int64_t kMaxPartitionBytes = int64_t{1} << 30;
+namespace job_internal {
 
 std::string StateName(v1::JobState state) {
   switch (state) {
@@ -42,8 +39,6 @@ std::string Seconds(absl::Duration d) {
   return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
 }
 
-// Checks the sizing fields JoinJob and RejoinJob share; `message` names the
-// message in errors.
 absl::Status ValidateSizing(const std::string& message, int32_t expected_nodes,
                             int32_t min_nodes, int64_t partition_bytes) {
   if (expected_nodes < 1 || expected_nodes > kMaxNodes) {
@@ -76,51 +71,14 @@ absl::Status ValidateLocalSize(const std::string& what, int32_t local_size) {
   return absl::OkStatus();
 }
 
-}  // namespace
+}  // namespace job_internal
 
-struct JobManager::Member {
-  std::string node_name;
-  std::string data_address;
-  int32_t local_size = 0;
-  std::string agent_instance;
-  // The member's session while connected.
-  SessionId session;
-  bool connected = true;
-  // A recovered member not yet reconnected is lost at this time.
-  absl::Time reconnect_deadline;
-  // In the sealed generation; -1 before the member's first seal.
-  int32_t node_rank = -1;
-  int32_t rank_offset = 0;
-  absl::Time joined;
-  // Left with finished=true.
-  bool finished = false;
-};
-
-struct JobManager::Job {
-  std::string name;
-  v1::JobState state = v1::JOB_STATE_FORMING;
-  std::string reason;
-  // The sealed generation while running; otherwise the generation the next
-  // seal will have.
-  int64_t generation = 1;
-  int32_t expected_nodes = 0;
-  // Resolved: never 0.
-  int32_t min_nodes = 0;
-  int64_t partition_bytes = 0;
-  // Who created the job, for error messages about disagreeing joins.
-  std::string creator;
-  absl::Time created;
-  absl::Time ended;
-  absl::Time reform_deadline;
-  // Sealed members in node-rank order, then newcomers in join order.
-  std::vector<Member> members;
-  // The last sealed membership.
-  v1::Membership membership;
-  // Some member left with finished=true: the others are leaving too.
-  bool finishing = false;
-  std::deque<v1::JobEvent> events;
-};
-
+using job_internal::Ended;
+using job_internal::kMaxNodes;
+using job_internal::Seconds;
+using job_internal::StateName;
+using job_internal::ValidateLocalSize;
+using job_internal::ValidateSizing;
 JobManager::JobManager(const CoordinatorOptions& options, Clock* clock,
                        SessionManager* sessions, JobListener* listener)
     : options_(options),
@@ -234,14 +192,7 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
     existing->session = session.id;
     existing->connected = true;
     session.jobs.insert(job->name);
-    v1::CoordinatorMessage accepted;
-    accepted.set_reply_to(seq);
-    auto* body = accepted.mutable_join_accepted();
-    body->set_job(job->name);
-    body->set_state(job->state);
-    body->set_nodes_joined(static_cast<int32_t>(job->members.size()));
-    body->set_expected_nodes(job->expected_nodes);
-    sessions_->Send(session.id, accepted);
+    SendJoinAccepted(*job, session.id, seq);
     if (job->state == v1::JOB_STATE_RUNNING && existing->node_rank >= 0) {
       v1::CoordinatorMessage membership;
       *membership.mutable_membership() = job->membership;
@@ -276,14 +227,7 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
                    " trainers, data plane at ", join.data_address(), "); ",
                    job->members.size(), " of ", job->expected_nodes, " nodes"));
 
-  v1::CoordinatorMessage accepted;
-  accepted.set_reply_to(seq);
-  auto* body = accepted.mutable_join_accepted();
-  body->set_job(job->name);
-  body->set_state(job->state);
-  body->set_nodes_joined(static_cast<int32_t>(job->members.size()));
-  body->set_expected_nodes(job->expected_nodes);
-  sessions_->Send(session.id, accepted);
+  SendJoinAccepted(*job, session.id, seq);
 
   if (running) {
     // A running job below expected_nodes (it re-sealed with min_nodes
@@ -528,178 +472,6 @@ void JobManager::OnSessionLost(const Session& session, const std::string& why) {
   }
 }
 
-absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
-                                const v1::RejoinJob& rejoin) {
-  const v1::Membership& m = rejoin.membership();
-  BATON_RETURN_IF_ERROR(
-      ValidateIdentifier("RejoinJob.membership.job", m.job()));
-  BATON_RETURN_IF_ERROR(ValidateSizing("RejoinJob", rejoin.expected_nodes(),
-                                       rejoin.min_nodes(),
-                                       rejoin.partition_bytes()));
-  if (m.generation() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RejoinJob.membership.generation is ", m.generation(),
-        ": rejoin only a sealed generation (>= 1); join to form a job"));
-  }
-  if (m.nodes_size() < 1 || m.nodes_size() > rejoin.expected_nodes()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RejoinJob.membership has ", m.nodes_size(),
-                     " nodes: it must have 1..expected_nodes (",
-                     rejoin.expected_nodes(), ")"));
-  }
-  absl::flat_hash_set<std::string> names;
-  int32_t offset = 0;
-  bool lists_self = false;
-  for (int i = 0; i < m.nodes_size(); ++i) {
-    const v1::NodeInfo& node = m.nodes(i);
-    const std::string what =
-        absl::StrCat("RejoinJob.membership.nodes[", i, "]");
-    BATON_RETURN_IF_ERROR(
-        ValidateIdentifier(what + ".node_name", node.node_name()));
-    BATON_RETURN_IF_ERROR(
-        ValidateHostPort(what + ".data_address", node.data_address()));
-    BATON_RETURN_IF_ERROR(
-        ValidateLocalSize(what + ".local_size", node.local_size()));
-    if (!names.insert(node.node_name()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ".node_name \"", node.node_name(), "\" appears twice"));
-    }
-    if (node.node_rank() != i || node.rank_offset() != offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " has node_rank ", node.node_rank(), " and rank_offset ",
-          node.rank_offset(), "; expected ", i, " and ", offset,
-          ": report the membership exactly as it was sealed"));
-    }
-    offset += node.local_size();
-    lists_self = lists_self || node.node_name() == session.node_name;
-  }
-  if (m.world_size() != offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RejoinJob.membership.world_size is ", m.world_size(),
-                     " but its nodes hold ", offset, " ranks"));
-  }
-  if (!lists_self) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RejoinJob.membership does not list this agent's node \"",
-                     session.node_name, "\""));
-  }
-
-  Job* job = FindJob(m.job());
-  const bool created = job == nullptr;
-  if (created) {
-    // Recovery: the coordinator restarted and knows nothing of this job.
-    // Rebuild it, at the same generation, from the agent's view; the other
-    // members get a liveness timeout to report in.
-    auto rebuilt = std::make_unique<Job>();
-    job = rebuilt.get();
-    job->name = m.job();
-    job->generation = m.generation();
-    job->expected_nodes = rejoin.expected_nodes();
-    job->min_nodes =
-        rejoin.min_nodes() == 0 ? rejoin.expected_nodes() : rejoin.min_nodes();
-    job->partition_bytes = rejoin.partition_bytes() == 0
-                               ? options_.partition_bytes
-                               : rejoin.partition_bytes();
-    job->creator = session.node_name;
-    job->created = clock_->Now();
-    job->state = v1::JOB_STATE_RUNNING;
-    job->membership = m;
-    for (const v1::NodeInfo& node : m.nodes()) {
-      Member member;
-      member.node_name = node.node_name();
-      member.data_address = node.data_address();
-      member.local_size = node.local_size();
-      member.node_rank = node.node_rank();
-      member.rank_offset = node.rank_offset();
-      member.connected = false;
-      member.joined = job->created;
-      member.reconnect_deadline = job->created + options_.liveness_timeout;
-      job->members.push_back(std::move(member));
-    }
-    job->reason = absl::StrCat("generation ", m.generation(),
-                               " recovered after a coordinator restart");
-    last_generation_[job->name] =
-        std::max(last_generation_[job->name], m.generation());
-    jobs_[job->name] = std::move(rebuilt);
-    Event(*job, "recovered",
-          absl::StrCat("rebuilt generation ", m.generation(), " (",
-                       m.nodes_size(), " nodes, world size ", m.world_size(),
-                       ") from node ", session.node_name, "'s report"));
-  } else {
-    if (Ended(job->state)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job \"", job->name, "\" has ", StateName(job->state),
-                       " (", job->reason, "): start a new run"));
-    }
-    if (m.generation() < job->generation) {
-      return absl::AbortedError(
-          absl::StrCat("job \"", job->name, "\" is at generation ",
-                       job->generation, "; this agent reported generation ",
-                       m.generation(), ": re-sync by joining again"));
-    }
-    if (m.generation() > job->generation ||
-        job->state != v1::JOB_STATE_RUNNING) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job \"", job->name, "\" is ", StateName(job->state),
-          " at generation ", job->generation, " here; this agent reported ",
-          "sealed generation ", m.generation(), ": join again"));
-    }
-    if (m.nodes_size() != job->membership.nodes_size()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("RejoinJob.membership of job \"", job->name, "\" has ",
-                       m.nodes_size(), " nodes; the recovered generation has ",
-                       job->membership.nodes_size(), ": join again"));
-    }
-    for (int i = 0; i < m.nodes_size(); ++i) {
-      const v1::NodeInfo& ours = job->membership.nodes(i);
-      const v1::NodeInfo& theirs = m.nodes(i);
-      if (ours.node_name() != theirs.node_name() ||
-          ours.data_address() != theirs.data_address() ||
-          ours.local_size() != theirs.local_size()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "RejoinJob.membership of job \"", job->name, "\" generation ",
-            m.generation(), " differs from the recovered one at node rank ", i,
-            ": join again"));
-      }
-    }
-  }
-
-  Member* member = FindMember(*job, session.node_name);
-  if (member == nullptr || member->finished) {
-    // Lost or left while the generation stayed (the job is finishing).
-    return absl::FailedPreconditionError(absl::StrCat(
-        "node \"", session.node_name, "\" is no longer a member of job \"",
-        job->name, "\" generation ", job->generation, ": join again"));
-  }
-  if (member->connected && member->session != session.id &&
-      member->agent_instance != session.agent_instance) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "node name \"", session.node_name, "\" of job \"", job->name,
-        "\" is already connected from another agent: give each agent a "
-        "unique node name"));
-  }
-  member->connected = true;
-  member->session = session.id;
-  member->agent_instance = session.agent_instance;
-  session.jobs.insert(job->name);
-  if (!created) {
-    LOG(INFO) << "job=" << job->name << " gen=" << job->generation
-              << " node=" << session.node_name << " re-reported its state";
-  }
-
-  v1::CoordinatorMessage accepted;
-  accepted.set_reply_to(seq);
-  auto* body = accepted.mutable_join_accepted();
-  body->set_job(job->name);
-  body->set_state(job->state);
-  body->set_nodes_joined(static_cast<int32_t>(job->members.size()));
-  body->set_expected_nodes(job->expected_nodes);
-  sessions_->Send(session.id, accepted);
-  listener_->OnJobRecovered(job->membership, rejoin, session.node_name,
-                            created);
-  return absl::OkStatus();
-}
-
 absl::Status JobManager::CheckCurrent(const std::string& job_name,
                                       int64_t generation,
                                       const std::string& node_name) const {
@@ -751,6 +523,18 @@ const v1::Membership* JobManager::Membership(const std::string& job) const {
 int64_t JobManager::PartitionBytes(const std::string& job) const {
   const Job* found = FindJob(job);
   return found == nullptr ? 0 : found->partition_bytes;
+}
+
+void JobManager::SendJoinAccepted(const Job& job, SessionId session,
+                                  uint64_t seq) {
+  v1::CoordinatorMessage accepted;
+  accepted.set_reply_to(seq);
+  auto* body = accepted.mutable_join_accepted();
+  body->set_job(job.name);
+  body->set_state(job.state);
+  body->set_nodes_joined(static_cast<int32_t>(job.members.size()));
+  body->set_expected_nodes(job.expected_nodes);
+  sessions_->Send(session, accepted);
 }
 
 void JobManager::SendToMember(const Member& member,

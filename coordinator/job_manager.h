@@ -118,6 +118,8 @@ class JobManager {
   void EndJob(Job& job, v1::JobState state, const std::string& reason);
   void Event(Job& job, const std::string& kind, const std::string& message);
   void SendToMember(const Member& member, const v1::CoordinatorMessage& msg);
+  // Answers a join or rejoin (request `seq`) with the job's state.
+  void SendJoinAccepted(const Job& job, SessionId session, uint64_t seq);
 
   // Constant after construction.
   const CoordinatorOptions options_;

@@ -1,0 +1,83 @@
+#pragma once
+
+// Internal to JobManager, shared by job_manager.cc (lifecycle) and
+// job_recovery.cc (rebuilding jobs after a coordinator restart): the records
+// it keeps per job and the checks both files apply. Include nowhere else.
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "baton/v1/common.pb.h"
+#include "baton/v1/status.pb.h"
+#include "common/ids.h"
+#include "coordinator/job_manager.h"
+
+namespace baton {
+namespace job_internal {
+
+inline constexpr int32_t kMaxNodes = 100000;
+inline constexpr int32_t kMaxLocalSize = 1024;
+inline constexpr int64_t kMaxPartitionBytes = int64_t{1} << 30;
+
+// "forming", "running", "re-forming", "failed", "finished".
+std::string StateName(v1::JobState state);
+// Failed or finished.
+bool Ended(v1::JobState state);
+// "6.0 s".
+std::string Seconds(absl::Duration d);
+// Checks the sizing fields JoinJob and RejoinJob share; `message` names the
+// message in errors.
+absl::Status ValidateSizing(const std::string& message, int32_t expected_nodes,
+                            int32_t min_nodes, int64_t partition_bytes);
+absl::Status ValidateLocalSize(const std::string& what, int32_t local_size);
+
+}  // namespace job_internal
+
+struct JobManager::Member {
+  std::string node_name;
+  std::string data_address;
+  int32_t local_size = 0;
+  std::string agent_instance;
+  // The member's session while connected.
+  SessionId session;
+  bool connected = true;
+  // A recovered member not yet reconnected is lost at this time.
+  absl::Time reconnect_deadline;
+  // In the sealed generation; -1 before the member's first seal.
+  int32_t node_rank = -1;
+  int32_t rank_offset = 0;
+  absl::Time joined;
+  // Left with finished=true.
+  bool finished = false;
+};
+
+struct JobManager::Job {
+  std::string name;
+  v1::JobState state = v1::JOB_STATE_FORMING;
+  std::string reason;
+  // The sealed generation while running; otherwise the generation the next
+  // seal will have.
+  int64_t generation = 1;
+  int32_t expected_nodes = 0;
+  // Resolved: never 0.
+  int32_t min_nodes = 0;
+  int64_t partition_bytes = 0;
+  // Who created the job, for error messages about disagreeing joins.
+  std::string creator;
+  absl::Time created;
+  absl::Time ended;
+  absl::Time reform_deadline;
+  // Sealed members in node-rank order, then newcomers in join order.
+  std::vector<Member> members;
+  // The last sealed membership.
+  v1::Membership membership;
+  // Some member left with finished=true: the others are leaving too.
+  bool finishing = false;
+  std::deque<v1::JobEvent> events;
+};
+
+}  // namespace baton
