@@ -28,6 +28,9 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& listen_address,
   EnableStandardServices();
   grpc::ServerBuilder builder;
   ApplyServerDefaults(builder, max_message_bytes);
+  // gRPC sets SO_REUSEPORT by default, which lets a second coordinator bind
+  // the same port and share its connections; a used port must be an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(),
                            &port);
