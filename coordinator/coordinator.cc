@@ -85,7 +85,7 @@ void Coordinator::OnAgentMessage(SessionId id,
       ack.set_reply_to(seq);
       ack.mutable_heartbeat_ack()->set_sent_unix_us(
           message.heartbeat().sent_unix_us());
-      session->channel->Send(std::move(ack));
+      session->channel->Send(Outbound(std::move(ack)));
       return;
     }
     case v1::AgentMessage::kManifest:
@@ -141,7 +141,7 @@ void Coordinator::HandleHello(SessionId id, uint64_t seq,
       absl::ToInt64Milliseconds(options_.liveness_timeout));
   body->set_report_interval_ms(
       absl::ToInt64Milliseconds(options_.report_interval));
-  session->channel->Send(std::move(accepted));
+  session->channel->Send(Outbound(std::move(accepted)));
 }
 
 void Coordinator::HandleManifest(SessionId id, uint64_t seq,
@@ -218,7 +218,7 @@ void Coordinator::ReplyError(SessionId id, uint64_t seq,
   body->set_message(std::string(status.message()));
   body->set_job(job.substr(0, 128));
   body->set_generation(generation);
-  sessions_.Send(id, error);
+  sessions_.Send(id, Outbound(std::move(error)));
 }
 
 void Coordinator::OnSessionClosed(SessionId id, const std::string& why) {
@@ -325,9 +325,10 @@ void Coordinator::Shutdown(const std::string& reason) {
   message.mutable_shutdown()->set_reason(reason);
   message.mutable_shutdown()->set_retry_after_ms(
       absl::ToInt64Milliseconds(options_.shutdown_retry_after));
+  const OutboundMessage shared = Outbound(std::move(message));
   for (SessionId id : sessions_.All()) {
     Session* session = sessions_.Find(id);
-    session->channel->Send(message);
+    session->channel->Send(shared);
     session->channel->Close(absl::UnavailableError(reason));
     sessions_.Remove(id);
   }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "baton/v1/common.pb.h"
@@ -73,8 +75,31 @@ struct JobManager::Job {
   absl::Time reform_deadline;
   // Sealed members in node-rank order, then newcomers in join order.
   std::vector<Member> members;
-  // The last sealed membership.
+  // Node name -> index in `members`; AddMember and Reindex keep it in step.
+  absl::flat_hash_map<std::string, size_t> member_index;
+  // The last sealed membership, and its node names for the per-message
+  // member check (5,000 nodes report every second).
   v1::Membership membership;
+  absl::flat_hash_set<std::string> sealed_nodes;
+
+  void AddMember(Member member) {
+    member_index[member.node_name] = members.size();
+    members.push_back(std::move(member));
+  }
+  // After members were erased or reordered.
+  void Reindex() {
+    member_index.clear();
+    for (size_t i = 0; i < members.size(); ++i) {
+      member_index[members[i].node_name] = i;
+    }
+  }
+  void SetMembership(v1::Membership sealed) {
+    membership = std::move(sealed);
+    sealed_nodes.clear();
+    for (const v1::NodeInfo& node : membership.nodes()) {
+      sealed_nodes.insert(node.node_name());
+    }
+  }
   // Some member left with finished=true: the others are leaving too.
   bool finishing = false;
   std::deque<v1::JobEvent> events;

@@ -100,10 +100,8 @@ const JobManager::Job* JobManager::FindJob(const std::string& job) const {
 
 JobManager::Member* JobManager::FindMember(Job& job,
                                            const std::string& node_name) {
-  for (Member& member : job.members) {
-    if (member.node_name == node_name) return &member;
-  }
-  return nullptr;
+  auto it = job.member_index.find(node_name);
+  return it == job.member_index.end() ? nullptr : &job.members[it->second];
 }
 
 absl::Status JobManager::CheckJoinMatchesJob(const Job& job,
@@ -196,7 +194,7 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
     if (job->state == v1::JOB_STATE_RUNNING && existing->node_rank >= 0) {
       v1::CoordinatorMessage membership;
       *membership.mutable_membership() = job->membership;
-      sessions_->Send(session.id, membership);
+      sessions_->Send(session.id, Outbound(std::move(membership)));
     }
     return absl::OkStatus();
   }
@@ -219,7 +217,7 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
   member.agent_instance = session.agent_instance;
   member.session = session.id;
   member.joined = now;
-  job->members.push_back(std::move(member));
+  job->AddMember(std::move(member));
   session.jobs.insert(job->name);
   Event(
       *job, "join",
@@ -242,8 +240,9 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
     abort->set_aborted_generation(aborted);
     abort->set_new_generation(aborted + 1);
     abort->set_reason(reason);
+    const OutboundMessage shared = Outbound(std::move(notice));
     for (const Member& m : job->members) {
-      if (m.node_name != session.node_name) SendToMember(m, notice);
+      if (m.node_name != session.node_name) SendToMember(m, shared);
     }
     job->generation = aborted + 1;
     job->state = v1::JOB_STATE_REFORMING;
@@ -274,6 +273,7 @@ void JobManager::Seal(Job& job) {
                      };
                      return key(a) < key(b);
                    });
+  job.Reindex();
   v1::Membership membership;
   membership.set_job(job.name);
   membership.set_generation(job.generation);
@@ -293,7 +293,7 @@ void JobManager::Seal(Job& job) {
     node->set_rank_offset(member.rank_offset);
   }
   membership.set_world_size(offset);
-  job.membership = membership;
+  job.SetMembership(membership);
   job.state = v1::JOB_STATE_RUNNING;
   job.reason = absl::StrCat("generation ", job.generation, " sealed with ",
                             job.members.size(), " nodes, world size ", offset);
@@ -301,7 +301,8 @@ void JobManager::Seal(Job& job) {
   Event(job, "sealed", job.reason);
   v1::CoordinatorMessage message;
   *message.mutable_membership() = membership;
-  for (const Member& member : job.members) SendToMember(member, message);
+  const OutboundMessage shared = Outbound(std::move(message));
+  for (const Member& member : job.members) SendToMember(member, shared);
   listener_->OnGenerationSealed(membership);
 }
 
@@ -317,6 +318,7 @@ void JobManager::LoseMember(Job& job, const std::string& node_name,
     }
   }
   job.members.erase(it);
+  job.Reindex();
   const std::string what = absl::StrCat("node ", node_name, " ", why);
 
   if (job.state == v1::JOB_STATE_FORMING) {
@@ -359,13 +361,15 @@ void JobManager::LoseMember(Job& job, const std::string& node_name,
     job.reform_deadline = clock_->Now() + options_.reform_timeout;
     abort->set_aborted_generation(aborted);
     abort->set_new_generation(job.generation);
-    for (const Member& member : job.members) SendToMember(member, notice);
+    const OutboundMessage shared = Outbound(notice);
+    for (const Member& member : job.members) SendToMember(member, shared);
     listener_->OnGenerationAborted(job.name, aborted, what);
   } else {
     // Re-forming already: the survivors aborted; tell them who else is gone.
     abort->set_aborted_generation(job.membership.generation());
     abort->set_new_generation(job.generation);
-    for (const Member& member : job.members) SendToMember(member, notice);
+    const OutboundMessage shared = Outbound(notice);
+    for (const Member& member : job.members) SendToMember(member, shared);
   }
   if (job.members.empty()) {
     EndJob(job, v1::JOB_STATE_FAILED,
@@ -393,8 +397,9 @@ void JobManager::EndJob(Job& job, v1::JobState state,
   ended->set_job(job.name);
   ended->set_state(state);
   ended->set_reason(reason);
+  const OutboundMessage shared = Outbound(std::move(message));
   for (Member& member : job.members) {
-    SendToMember(member, message);
+    SendToMember(member, shared);
     if (member.connected) {
       if (Session* session = sessions_->Find(member.session)) {
         session->jobs.erase(job.name);
@@ -500,9 +505,7 @@ absl::Status JobManager::CheckCurrent(const std::string& job_name,
                      "): wait for the membership message"));
   }
   if (!node_name.empty()) {
-    const bool member = std::any_of(
-        job->membership.nodes().begin(), job->membership.nodes().end(),
-        [&](const v1::NodeInfo& n) { return n.node_name() == node_name; });
+    const bool member = job->sealed_nodes.contains(node_name);
     if (!member) {
       return absl::FailedPreconditionError(
           absl::StrCat("node \"", node_name, "\" is not a member of job \"",
@@ -534,11 +537,11 @@ void JobManager::SendJoinAccepted(const Job& job, SessionId session,
   body->set_state(job.state);
   body->set_nodes_joined(static_cast<int32_t>(job.members.size()));
   body->set_expected_nodes(job.expected_nodes);
-  sessions_->Send(session, accepted);
+  sessions_->Send(session, Outbound(std::move(accepted)));
 }
 
 void JobManager::SendToMember(const Member& member,
-                              const v1::CoordinatorMessage& message) {
+                              const OutboundMessage& message) {
   if (member.connected) sessions_->Send(member.session, message);
 }
 
@@ -546,7 +549,8 @@ void JobManager::Broadcast(const std::string& job,
                            const v1::CoordinatorMessage& message) {
   const Job* found = FindJob(job);
   if (found == nullptr) return;
-  for (const Member& member : found->members) SendToMember(member, message);
+  const OutboundMessage shared = Outbound(message);
+  for (const Member& member : found->members) SendToMember(member, shared);
 }
 
 void JobManager::Event(Job& job, const std::string& kind,

@@ -117,7 +117,7 @@ class JobManager {
                   const std::string& why);
   void EndJob(Job& job, v1::JobState state, const std::string& reason);
   void Event(Job& job, const std::string& kind, const std::string& message);
-  void SendToMember(const Member& member, const v1::CoordinatorMessage& msg);
+  void SendToMember(const Member& member, const OutboundMessage& message);
   // Answers a join or rejoin (request `seq`) with the job's state.
   void SendJoinAccepted(const Job& job, SessionId session, uint64_t seq);
 

@@ -95,7 +95,7 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
     job->creator = session.node_name;
     job->created = clock_->Now();
     job->state = v1::JOB_STATE_RUNNING;
-    job->membership = m;
+    job->SetMembership(m);
     for (const v1::NodeInfo& node : m.nodes()) {
       Member member;
       member.node_name = node.node_name();
@@ -106,7 +106,7 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
       member.connected = false;
       member.joined = job->created;
       member.reconnect_deadline = job->created + options_.liveness_timeout;
-      job->members.push_back(std::move(member));
+      job->AddMember(std::move(member));
     }
     job->reason = absl::StrCat("generation ", m.generation(),
                                " recovered after a coordinator restart");

@@ -56,8 +56,8 @@ void SessionManager::Remove(SessionId id) {
   sessions_.erase(it);
 }
 
-void SessionManager::Send(SessionId id, const v1::CoordinatorMessage& message) {
-  if (Session* session = Find(id)) session->channel->Send(message);
+void SessionManager::Send(SessionId id, OutboundMessage message) {
+  if (Session* session = Find(id)) session->channel->Send(std::move(message));
 }
 
 std::vector<SessionId> SessionManager::Silent(absl::Time now,

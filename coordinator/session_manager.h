@@ -52,7 +52,7 @@ class SessionManager {
   void Remove(SessionId id);
 
   // Queues `message` on the session's channel; no-op for unknown sessions.
-  void Send(SessionId id, const v1::CoordinatorMessage& message);
+  void Send(SessionId id, OutboundMessage message);
 
   // Sessions silent for longer than `timeout` at `now`.
   std::vector<SessionId> Silent(absl::Time now, absl::Duration timeout) const;

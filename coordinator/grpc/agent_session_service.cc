@@ -16,7 +16,19 @@ namespace baton {
 namespace {
 
 using SessionStream =
-    grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>;
+    grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// A byte buffer over the message's shared wire bytes: no copy; the slice keeps
+// the message alive until gRPC is done with it.
+grpc::ByteBuffer WireBytes(const OutboundMessage& message) {
+  const std::string& bytes = message->Serialized();
+  auto* keep_alive = new OutboundMessage(message);
+  grpc::Slice slice(
+      const_cast<char*>(bytes.data()), bytes.size(),
+      [](void* owner) { delete static_cast<OutboundMessage*>(owner); },
+      keep_alive);
+  return grpc::ByteBuffer(&slice, 1);
+}
 
 // The outbound half of one stream: a queue with exactly one write in flight,
 // and the one place that decides when the stream is finished, so that Finish
@@ -32,7 +44,7 @@ class StreamChannel final : public AgentChannel {
  public:
   explicit StreamChannel(SessionStream* stream) : stream_(stream) {}
 
-  void Send(v1::CoordinatorMessage message) override {
+  void Send(OutboundMessage message) override {
     absl::ReleasableMutexLock lock(&mu_);
     if (stream_ == nullptr || finish_requested_) return;
     outbound_.push_back(std::move(message));
@@ -59,6 +71,7 @@ class StreamChannel final : public AgentChannel {
   void OnWriteDone(bool ok) {
     absl::ReleasableMutexLock lock(&mu_);
     write_in_flight_ = false;
+    in_flight_.Clear();
     if (!ok) {
       // No later write can succeed; the stream still has to be finished.
       outbound_.clear();
@@ -97,11 +110,11 @@ class StreamChannel final : public AgentChannel {
     }
     if (!outbound_.empty()) {
       write_in_flight_ = true;
-      in_flight_ = std::move(outbound_.front());
+      in_flight_ = WireBytes(outbound_.front());
       outbound_.pop_front();
-      const v1::CoordinatorMessage* message = &in_flight_;
+      const grpc::ByteBuffer* bytes = &in_flight_;
       lock.Release();
-      stream->StartWrite(message);
+      stream->StartWrite(bytes);
       return;
     }
     if (finish_requested_) {
@@ -117,9 +130,9 @@ class StreamChannel final : public AgentChannel {
   mutable absl::Mutex mu_;
   // Null once the reactor is done.
   SessionStream* stream_ ABSL_GUARDED_BY(mu_);
-  std::deque<v1::CoordinatorMessage> outbound_ ABSL_GUARDED_BY(mu_);
+  std::deque<OutboundMessage> outbound_ ABSL_GUARDED_BY(mu_);
   // The message being written; untouched until its OnWriteDone.
-  v1::CoordinatorMessage in_flight_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer in_flight_ ABSL_GUARDED_BY(mu_);
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
@@ -150,11 +163,26 @@ class AgentSessionService::Reactor final : public SessionStream {
       channel_->RequestFinish(grpc::Status::OK, /*drop_queued=*/false);
       return;
     }
+    v1::AgentMessage message;
+    const grpc::Status parsed =
+        grpc::SerializationTraits<v1::AgentMessage>::Deserialize(&inbound_,
+                                                                 &message);
+    inbound_.Clear();
+    if (!parsed.ok()) {
+      PostClosed("it sent a message that is not an AgentMessage");
+      channel_->RequestFinish(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       "could not parse an AgentMessage from the stream (" +
+                           parsed.error_message() +
+                           "): the agent and coordinator speak different "
+                           "protocols; check their versions"),
+          /*drop_queued=*/false);
+      return;
+    }
     service_->loop_->Post([coordinator = service_->coordinator_, id = id_,
-                           message = std::move(inbound_)]() {
+                           message = std::move(message)]() {
       coordinator->OnAgentMessage(id, message);
     });
-    inbound_.Clear();
     if (!channel_->finishing()) StartRead(&inbound_);
   }
 
@@ -188,14 +216,14 @@ class AgentSessionService::Reactor final : public SessionStream {
   const std::shared_ptr<StreamChannel> channel_;
 
   // Only touched by StartRead and OnReadDone, which never overlap.
-  v1::AgentMessage inbound_;
+  grpc::ByteBuffer inbound_;
 };
 
 AgentSessionService::AgentSessionService(ControlLoop* loop,
                                          Coordinator* coordinator)
     : loop_(loop), coordinator_(coordinator) {}
 
-grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 AgentSessionService::AgentSession(grpc::CallbackServerContext* /*context*/) {
   const SessionId id(next_session_id_.fetch_add(1, std::memory_order_relaxed));
   return new Reactor(this, id);

@@ -19,12 +19,20 @@ namespace baton {
 // Thread-safe. `loop` and `coordinator` must outlive the server this service
 // is registered with; the coordinator is only ever touched by tasks posted to
 // `loop`.
-class AgentSessionService final : public v1::Coordinator::CallbackService {
+//
+// The method is served raw (byte buffers) so that a message broadcast to many
+// agents is serialized once and its bytes shared by every stream (see
+// Outgoing); inbound messages are parsed here, and a malformed one ends the
+// stream with INVALID_ARGUMENT. The service stays registered under its name,
+// so reflection and clients see baton.v1.Coordinator as usual.
+class AgentSessionService final
+    : public v1::Coordinator::WithRawCallbackMethod_AgentSession<
+          v1::Coordinator::Service> {
  public:
   AgentSessionService(ControlLoop* loop, Coordinator* coordinator);
 
-  grpc::ServerBidiReactor<v1::AgentMessage, v1::CoordinatorMessage>*
-  AgentSession(grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AgentSession(
+      grpc::CallbackServerContext* context) override;
 
  private:
   // One stream; defined in the .cc.

@@ -18,8 +18,8 @@ using ::testing::SizeIs;
 
 class RecordingChannel : public AgentChannel {
  public:
-  void Send(v1::CoordinatorMessage message) override {
-    if (!closed) messages.push_back(std::move(message));
+  void Send(OutboundMessage message) override {
+    if (!closed) messages.push_back(message->message());
   }
   void Close(const absl::Status& status) override {
     if (closed) return;
