@@ -2,7 +2,9 @@
 // agents: membership, mismatches, losses, steps and stalls, the store, many
 // jobs, and restart with state rebuilt from reconnecting agents.
 #include <grpcpp/grpcpp.h>
+#include <sys/wait.h>
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +23,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Short deadlines so the scenarios run in seconds.
 constexpr absl::Duration kLiveness = absl::Milliseconds(1000);
@@ -506,6 +509,74 @@ TEST_F(CoordinatorScenariosTest,
       101);
   EXPECT_FALSE(back[0]->WaitForBody(v1::CoordinatorMessage::kGenerationAborted,
                                     kLiveness + absl::Milliseconds(500)));
+}
+
+// Runs the coordinator binary with `args` to completion; its exit code and
+// combined output.
+std::pair<int, std::string> RunCoordinator(const std::string& args) {
+  const std::string command =
+      CoordinatorProcess::BinaryPath() + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  char buffer[512];
+  while (pipe != nullptr && fgets(buffer, sizeof(buffer), pipe) != nullptr) {
+    output += buffer;
+  }
+  const int status = pipe == nullptr ? -1 : pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+TEST(CoordinatorFlagsTest, UsageErrorsExit2WithOneLineNamingTheFlag) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--bogus=1", "unknown flag --bogus"},
+      {"--liveness_timeout_ms=abc",
+       "--liveness_timeout_ms=abc is not a valid int64"},
+      {"--liveness_timeout_ms=1000 --heartbeat_interval_ms=2000",
+       "--liveness_timeout_ms=1000 must exceed --heartbeat_interval_ms=2000"},
+      {"--partition_bytes=12", "--partition_bytes=12 must be a multiple of 8"},
+      {"--listen=nohost", "--listen"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const auto [code, output] = RunCoordinator(args);
+    EXPECT_EQ(code, 2) << args << ": " << output;
+    EXPECT_THAT(output, HasSubstr(expected)) << args;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1)
+        << args << ": " << output;
+  }
+}
+
+TEST(CoordinatorFlagsTest, EnvironmentSetsFlagsAndBadValuesAreNamed) {
+  // The variable reaches the flag: its value fails the flag's own check.
+  setenv("BATON_LIVENESS_TIMEOUT_MS", "100", 1);
+  const auto [code, output] = RunCoordinator("--listen=127.0.0.1:0");
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(output, HasSubstr("--liveness_timeout_ms=100 must exceed"));
+  // The command line wins over the environment.
+  const auto [code_cli, output_cli] = RunCoordinator(
+      "--listen=127.0.0.1:0 --liveness_timeout_ms=3000 "
+      "--heartbeat_interval_ms=5000");
+  EXPECT_EQ(code_cli, 2);
+  EXPECT_THAT(output_cli, HasSubstr("--liveness_timeout_ms=3000 must exceed"));
+  setenv("BATON_LIVENESS_TIMEOUT_MS", "soon", 1);
+  const auto [bad_code, bad_output] = RunCoordinator("--listen=127.0.0.1:0");
+  unsetenv("BATON_LIVENESS_TIMEOUT_MS");
+  EXPECT_EQ(bad_code, 2);
+  EXPECT_THAT(bad_output, HasSubstr("environment variable "
+                                    "BATON_LIVENESS_TIMEOUT_MS=\"soon\""));
+}
+
+TEST(CoordinatorFlagsTest, HelpListsEveryFlagWithItsDefault) {
+  const auto [code, output] = RunCoordinator("--help");
+  EXPECT_EQ(code, 0);
+  for (const char* flag :
+       {"--listen", "--heartbeat_interval_ms", "--liveness_timeout_ms",
+        "--report_interval_ms", "--tick_interval_ms", "--stall_threshold_ms",
+        "--reform_timeout_ms", "--job_retention_ms", "--partition_bytes",
+        "--shutdown_grace_ms", "--events_per_job", "--max_message_bytes"}) {
+    EXPECT_THAT(output, HasSubstr(flag)) << output;
+  }
+  EXPECT_THAT(output, HasSubstr("default: \"0.0.0.0:50051\""));
+  EXPECT_THAT(output, Not(HasSubstr("--log_dir")));
 }
 
 }  // namespace
