@@ -88,6 +88,24 @@ JobManager::JobManager(const CoordinatorOptions& options, Clock* clock,
 
 JobManager::~JobManager() = default;
 
+JobManager::Job& JobManager::NewJob(const std::string& name, int64_t generation,
+                                    int32_t expected_nodes, int32_t min_nodes,
+                                    int64_t partition_bytes,
+                                    const std::string& creator) {
+  auto job = std::make_unique<Job>();
+  job->name = name;
+  job->generation = generation;
+  job->expected_nodes = expected_nodes;
+  job->min_nodes = min_nodes == 0 ? expected_nodes : min_nodes;
+  job->partition_bytes =
+      partition_bytes == 0 ? options_.partition_bytes : partition_bytes;
+  job->creator = creator;
+  job->created = clock_->Now();
+  Job& ref = *job;
+  jobs_[name] = std::move(job);
+  return ref;
+}
+
 JobManager::Job* JobManager::FindJob(const std::string& job) {
   auto it = jobs_.find(job);
   return it == jobs_.end() ? nullptr : it->second.get();
@@ -154,19 +172,9 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
     job = nullptr;
   }
   if (job == nullptr) {
-    auto created = std::make_unique<Job>();
-    created->name = join.job();
-    created->generation = last_generation_[join.job()] + 1;
-    created->expected_nodes = join.expected_nodes();
-    created->min_nodes =
-        join.min_nodes() == 0 ? join.expected_nodes() : join.min_nodes();
-    created->partition_bytes = join.partition_bytes() == 0
-                                   ? options_.partition_bytes
-                                   : join.partition_bytes();
-    created->creator = session.node_name;
-    created->created = now;
-    job = created.get();
-    jobs_[join.job()] = std::move(created);
+    job = &NewJob(join.job(), last_generation_[join.job()] + 1,
+                  join.expected_nodes(), join.min_nodes(),
+                  join.partition_bytes(), session.node_name);
   } else {
     BATON_RETURN_IF_ERROR(CheckJoinMatchesJob(*job, join, session));
   }

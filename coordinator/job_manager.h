@@ -106,6 +106,11 @@ class JobManager {
   struct Member;
   struct Job;
 
+  // Creates and registers a forming job; 0 for min_nodes or partition_bytes
+  // means the default.
+  Job& NewJob(const std::string& name, int64_t generation,
+              int32_t expected_nodes, int32_t min_nodes,
+              int64_t partition_bytes, const std::string& creator);
   Job* FindJob(const std::string& job);
   const Job* FindJob(const std::string& job) const;
   Member* FindMember(Job& job, const std::string& node_name);

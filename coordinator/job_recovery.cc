@@ -82,18 +82,9 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
     // Recovery: the coordinator restarted and knows nothing of this job.
     // Rebuild it, at the same generation, from the agent's view; the other
     // members get a liveness timeout to report in.
-    auto rebuilt = std::make_unique<Job>();
-    job = rebuilt.get();
-    job->name = m.job();
-    job->generation = m.generation();
-    job->expected_nodes = rejoin.expected_nodes();
-    job->min_nodes =
-        rejoin.min_nodes() == 0 ? rejoin.expected_nodes() : rejoin.min_nodes();
-    job->partition_bytes = rejoin.partition_bytes() == 0
-                               ? options_.partition_bytes
-                               : rejoin.partition_bytes();
-    job->creator = session.node_name;
-    job->created = clock_->Now();
+    job = &NewJob(m.job(), m.generation(), rejoin.expected_nodes(),
+                  rejoin.min_nodes(), rejoin.partition_bytes(),
+                  session.node_name);
     job->state = v1::JOB_STATE_RUNNING;
     job->SetMembership(m);
     for (const v1::NodeInfo& node : m.nodes()) {
@@ -112,7 +103,6 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
                                " recovered after a coordinator restart");
     last_generation_[job->name] =
         std::max(last_generation_[job->name], m.generation());
-    jobs_[job->name] = std::move(rebuilt);
     Event(*job, "recovered",
           absl::StrCat("rebuilt generation ", m.generation(), " (",
                        m.nodes_size(), " nodes, world size ", m.world_size(),
