@@ -78,7 +78,8 @@ constexpr char kUsage[] =
 // An agent's read arena past this size is freed after the message that grew
 // it (a large membership) instead of being kept for the next read.
 constexpr size_t kArenaKeepBytes = 64 << 10;
-// What a read, a reachability probe and the end of the run may take.
+// How long the reachability probe, the streams' ending after LeaveJob and
+// Status.GetJob may take.
 constexpr absl::Duration kReachTimeout = absl::Seconds(5);
 constexpr absl::Duration kLeaveTimeout = absl::Seconds(30);
 constexpr absl::Duration kStatusTimeout = absl::Seconds(10);
@@ -144,17 +145,24 @@ class LoadRecorder {
     }
   }
 
-  // Round trips count only for heartbeats sent inside the window.
-  void SetWindow(int64_t begin_us, int64_t end_us) {
+  // Round trips count only for heartbeats stamped inside the window, which
+  // opens now and lasts `length`. Returns when it ends.
+  absl::Time OpenWindow(absl::Duration length) {
     absl::MutexLock lock(&mu_);
-    window_begin_us_ = begin_us;
-    window_end_us_ = end_us;
+    window_begin_us_ = NowUnixMicros();
+    window_end_us_ = window_begin_us_ + absl::ToInt64Microseconds(length);
+    return absl::FromUnixMicros(window_end_us_);
   }
-  void HeartbeatSent(int64_t sent_us) {
+  // The send time for a heartbeat, taken under the same lock as the window
+  // so that every heartbeat counted here is also one whose answer counts.
+  int64_t StampHeartbeat() {
     absl::MutexLock lock(&mu_);
-    if (sent_us >= window_begin_us_ && sent_us <= window_end_us_) {
+    const int64_t now_us = NowUnixMicros();
+    ++counters_.heartbeats;
+    if (now_us >= window_begin_us_ && now_us <= window_end_us_) {
       ++counters_.window_heartbeats;
     }
+    return now_us;
   }
   void HeartbeatAcked(int64_t sent_us, int64_t now_us) {
     absl::MutexLock lock(&mu_);
@@ -241,7 +249,7 @@ class Ticker {
     ++version_;
   }
 
-  // No timer fires after Stop returns... except one already being fired.
+  // Ends the firing; a batch the thread already took is still fired.
   void Stop() {
     absl::MutexLock lock(&mu_);
     stopped_ = true;
@@ -305,9 +313,10 @@ class Ticker {
   std::thread thread_;
 };
 
+// Called from the main thread only.
 std::string RandomInstance() {
-  std::random_device device;
-  return absl::StrFormat("%08x%08x", device(), device());
+  static std::mt19937_64 random(std::random_device{}());
+  return absl::StrFormat("%016x", random());
 }
 
 // Large blocks: a membership of thousands of nodes parses several times
@@ -387,10 +396,8 @@ class SimulatedAgent final
   void OnTimer(TimerKind kind) {
     v1::AgentMessage message;
     if (kind == TimerKind::kHeartbeat) {
-      const int64_t sent_us = NowUnixMicros();
-      message.mutable_heartbeat()->set_sent_unix_us(sent_us);
-      recorder_->Count(&LoadRecorder::Counters::heartbeats);
-      recorder_->HeartbeatSent(sent_us);
+      // Stamped when its write starts (Advance).
+      message.mutable_heartbeat();
     } else {
       absl::MutexLock lock(&mu_);
       if (rank_ < 0) return;  // Not sealed (yet, or any more).
@@ -534,6 +541,13 @@ class SimulatedAgent final
       } else if (!outbound_.empty()) {
         in_flight_ = std::move(outbound_.front());
         outbound_.pop_front();
+        // The round trip starts when the heartbeat leaves the agent, not
+        // while it waits behind the agent's previous write (at the default
+        // intervals a step report falls due with every heartbeat).
+        if (in_flight_.has_heartbeat()) {
+          in_flight_.mutable_heartbeat()->set_sent_unix_us(
+              recorder_->StampHeartbeat());
+        }
         write_in_flight_ = true;
         write = true;
       } else if (leaving_) {
@@ -665,8 +679,9 @@ absl::Status GetJob(const std::shared_ptr<grpc::Channel>& channel,
 absl::Time SealedAt(const v1::JobStatus& job) {
   absl::Time sealed = absl::InfinitePast();
   for (const v1::JobEvent& event : job.events()) {
-    if (event.kind() == "sealed")
+    if (event.kind() == "sealed") {
       sealed = absl::FromUnixMillis(event.unix_ms());
+    }
   }
   return sealed;
 }
@@ -767,11 +782,15 @@ void PrintResults(const Results& r, FILE* human) {
                static_cast<long long>(c.reports), r.ticker_lag_ms);
   std::fprintf(human,
                "  errors %lld (error messages %lld, failed streams %lld); "
-               "closed cleanly %lld; generations aborted %lld\n",
+               "closed cleanly %lld; received %lld generation_aborted, %lld "
+               "plan, %lld job_ended, %lld shutdown\n",
                errors, static_cast<long long>(c.errors),
                static_cast<long long>(c.stream_failures),
                static_cast<long long>(c.clean_closes),
-               static_cast<long long>(c.aborted_generations));
+               static_cast<long long>(c.aborted_generations),
+               static_cast<long long>(c.plans),
+               static_cast<long long>(c.job_ended),
+               static_cast<long long>(c.shutdowns));
   for (const std::string& text : r.texts) {
     std::fprintf(human, "    %s\n", text.c_str());
   }
@@ -968,10 +987,8 @@ int Main(int argc, char** argv) {
       absl::ToDoubleSeconds(recorder.Take().memberships.last - join_start);
 
   // Steady state: heartbeats sent from now on are measured.
-  const absl::Time window_begin = absl::Now();
-  const absl::Time window_end = window_begin + absl::Seconds(FLAGS_duration_s);
-  recorder.SetWindow(absl::ToUnixMicros(window_begin),
-                     absl::ToUnixMicros(window_end));
+  const absl::Time window_end =
+      recorder.OpenWindow(absl::Seconds(FLAGS_duration_s));
   absl::SleepFor(window_end - absl::Now());
   results.coordinator = SampleProcess(FLAGS_coordinator_pid);
   if (results.coordinator.ok) {
