@@ -30,6 +30,7 @@ void ControlLoop::Run(Clock* clock, absl::Duration tick_interval,
   absl::Time next_tick = clock->Now() + tick_interval;
   for (;;) {
     Task task;
+    size_t backlog = 0;
     {
       absl::MutexLock lock(&mu_);
       const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -38,16 +39,31 @@ void ControlLoop::Run(Clock* clock, absl::Duration tick_interval,
       // Wake for the next task or the next tick, whichever comes first.
       mu_.AwaitWithDeadline(absl::Condition(&ready), next_tick);
       if (stopped_) return;
-      if (!tasks_.empty()) {
+      if (clock->Now() >= next_tick) {
+        backlog = tasks_.size();
+      } else {
         task = std::move(tasks_.front());
         tasks_.pop_front();
       }
     }
-    if (task) task();
-    if (clock->Now() >= next_tick) {
-      tick();
-      next_tick = clock->Now() + tick_interval;
+    if (task) {
+      task();
+      continue;
     }
+    // The tick judges deadlines (liveness above all) on what has arrived:
+    // first run every task that was queued when the tick came due, so a
+    // busy loop does not mistake its own backlog for silent agents.
+    for (size_t i = 0; i < backlog; ++i) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopped_ || tasks_.empty()) break;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+    tick();
+    next_tick = clock->Now() + tick_interval;
   }
 }
 

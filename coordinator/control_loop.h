@@ -31,7 +31,9 @@ class ControlLoop {
   size_t RunUntilIdle();
 
   // Runs tasks as they arrive and `tick` every `tick_interval` (by `clock`)
-  // until Stop(). Call from the loop's own thread.
+  // until Stop(). Before each tick it runs the tasks already queued, so the
+  // tick sees every message that arrived before it. Call from the loop's own
+  // thread.
   void Run(Clock* clock, absl::Duration tick_interval,
            const std::function<void()>& tick);
 

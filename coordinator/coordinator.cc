@@ -227,9 +227,9 @@ void Coordinator::OnSessionClosed(SessionId id, const std::string& why) {
   if (!shutting_down_ && session->said_hello()) {
     LOG(INFO) << "node=" << session->node_name << " session " << id
               << " ended: " << why;
-    jobs_.OnSessionLost(
-        *session,
-        absl::StrCat("lost its session to the coordinator (", why, ")"));
+    jobs_.OnSessionsLost(
+        {{session,
+          absl::StrCat("lost its session to the coordinator (", why, ")")}});
   }
   sessions_.Remove(id);
 }
@@ -289,7 +289,23 @@ absl::StatusOr<v1::JobStatus> Coordinator::GetJob(
 
 void Coordinator::Tick() {
   const absl::Time now = clock_->Now();
-  for (SessionId id : sessions_.Silent(now, options_.liveness_timeout)) {
+  if (last_tick_ != absl::InfinitePast() &&
+      now - last_tick_ > options_.liveness_timeout / 2) {
+    // The coordinator itself did not run (stopped, swapped, starved): the
+    // agents' messages wait unread in its queues and sockets, so silence
+    // proves nothing. Restart every liveness deadline instead of declaring
+    // the whole cluster lost.
+    LOG(WARNING) << "the control loop did not run for " << (now - last_tick_)
+                 << "; restarting " << sessions_.size()
+                 << " liveness deadline(s)";
+    for (SessionId id : sessions_.All()) sessions_.Find(id)->last_seen = now;
+  }
+  last_tick_ = now;
+
+  std::vector<SessionId> silent =
+      sessions_.Silent(now, options_.liveness_timeout);
+  std::vector<JobManager::LostSession> lost;
+  for (SessionId id : silent) {
     Session* session = sessions_.Find(id);
     const std::string silence =
         absl::StrFormat("no message for %.1f s",
@@ -298,12 +314,12 @@ void Coordinator::Tick() {
         absl::StrCat("the coordinator heard nothing from this agent (", silence,
                      ") and counts it as lost: reconnect and rejoin")));
     if (session->said_hello()) {
-      jobs_.OnSessionLost(
-          *session,
-          absl::StrCat("missed its liveness deadline (", silence, ")"));
+      lost.push_back({session, absl::StrCat("missed its liveness deadline (",
+                                            silence, ")")});
     }
-    sessions_.Remove(id);
   }
+  jobs_.OnSessionsLost(lost);
+  for (SessionId id : silent) sessions_.Remove(id);
   jobs_.Tick();
   store_.Tick(now);
   for (const std::string& job : jobs_.JobNames()) {

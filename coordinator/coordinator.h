@@ -96,6 +96,8 @@ class Coordinator : private JobListener {
   JobManager jobs_;
 
   bool shutting_down_ = false;
+  // When Tick last ran, to notice the coordinator itself stalling.
+  absl::Time last_tick_ = absl::InfinitePast();
 };
 
 }  // namespace baton

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -357,27 +358,24 @@ void JobManager::LoseMember(Job& job, const std::string& node_name,
   }
 
   Event(job, "lost", what);
-  v1::CoordinatorMessage notice;
-  auto* abort = notice.mutable_generation_aborted();
-  abort->set_job(job.name);
-  abort->set_lost_node(node_name);
-  abort->set_reason(what);
   if (job.state == v1::JOB_STATE_RUNNING) {
+    // The first loss ends the running generation and tells the survivors.
+    // Later losses while re-forming only go to the event log: a mass failure
+    // of k nodes must not cost k broadcasts to every survivor.
     const int64_t aborted = job.generation;
     job.generation = aborted + 1;
     job.state = v1::JOB_STATE_REFORMING;
     job.reform_deadline = clock_->Now() + options_.reform_timeout;
+    v1::CoordinatorMessage notice;
+    auto* abort = notice.mutable_generation_aborted();
+    abort->set_job(job.name);
+    abort->set_lost_node(node_name);
+    abort->set_reason(what);
     abort->set_aborted_generation(aborted);
     abort->set_new_generation(job.generation);
-    const OutboundMessage shared = Outbound(notice);
+    const OutboundMessage shared = Outbound(std::move(notice));
     for (const Member& member : job.members) SendToMember(member, shared);
     listener_->OnGenerationAborted(job.name, aborted, what);
-  } else {
-    // Re-forming already: the survivors aborted; tell them who else is gone.
-    abort->set_aborted_generation(job.membership.generation());
-    abort->set_new_generation(job.generation);
-    const OutboundMessage shared = Outbound(notice);
-    for (const Member& member : job.members) SendToMember(member, shared);
   }
   if (job.members.empty()) {
     EndJob(job, v1::JOB_STATE_FAILED,
@@ -391,7 +389,14 @@ void JobManager::LoseMember(Job& job, const std::string& node_name,
                    " more node(s) (have ", job.members.size(), ", need ",
                    job.min_nodes, ")");
   Event(job, "reforming", job.reason);
-  if (static_cast<int32_t>(job.members.size()) >= job.min_nodes) Seal(job);
+}
+
+void JobManager::ResealIfWhole(const std::string& name) {
+  Job* job = FindJob(name);
+  if (job != nullptr && job->state == v1::JOB_STATE_REFORMING &&
+      static_cast<int32_t>(job->members.size()) >= job->min_nodes) {
+    Seal(*job);
+  }
 }
 
 void JobManager::EndJob(Job& job, v1::JobState state,
@@ -438,6 +443,7 @@ absl::Status JobManager::Leave(Session& session, const v1::LeaveJob& leave) {
                                  : leave.reason().substr(0, 512);
   if (!leave.finished() || job->state == v1::JOB_STATE_FORMING) {
     LoseMember(*job, session.node_name, absl::StrCat("left the job: ", reason));
+    ResealIfWhole(leave.job());
     return absl::OkStatus();
   }
   member->finished = true;
@@ -472,17 +478,25 @@ void JobManager::MoveMemberships(Session& old_session, Session& session) {
   old_session.jobs.clear();
 }
 
-void JobManager::OnSessionLost(const Session& session, const std::string& why) {
-  // Copy: losing a member edits session.jobs.
-  const std::vector<std::string> names(session.jobs.begin(),
-                                       session.jobs.end());
-  for (const std::string& name : names) {
-    Job* job = FindJob(name);
-    if (job == nullptr) continue;
-    Member* member = FindMember(*job, session.node_name);
-    if (member == nullptr || member->session != session.id) continue;
-    LoseMember(*job, session.node_name, why);
+void JobManager::OnSessionsLost(const std::vector<LostSession>& lost) {
+  // Every loss first, then one re-seal per job: k nodes failing together
+  // cost one new generation, not k.
+  absl::btree_set<std::string> affected;
+  for (const LostSession& entry : lost) {
+    const Session& session = *entry.session;
+    // Copy: losing a member edits session.jobs.
+    const std::vector<std::string> names(session.jobs.begin(),
+                                         session.jobs.end());
+    for (const std::string& name : names) {
+      Job* job = FindJob(name);
+      if (job == nullptr) continue;
+      Member* member = FindMember(*job, session.node_name);
+      if (member == nullptr || member->session != session.id) continue;
+      LoseMember(*job, session.node_name, entry.why);
+      affected.insert(name);
+    }
   }
+  for (const std::string& name : affected) ResealIfWhole(name);
 }
 
 absl::Status JobManager::CheckCurrent(const std::string& job_name,
@@ -614,6 +628,7 @@ void JobManager::Tick() {
                                   Seconds(options_.liveness_timeout),
                                   " after the coordinator restarted"));
         }
+        ResealIfWhole(name);
         break;
       }
       case v1::JOB_STATE_FAILED:

@@ -69,8 +69,13 @@ class JobManager {
   // memberships move from `old_session` to `session`.
   void MoveMemberships(Session& old_session, Session& session);
 
-  // `session` ended or went silent: its node is lost in each of its jobs.
-  void OnSessionLost(const Session& session, const std::string& why);
+  // Sessions that ended or went silent together: each one's node is lost in
+  // each of its jobs, and each affected job re-seals at most once.
+  struct LostSession {
+    const Session* session;
+    std::string why;
+  };
+  void OnSessionsLost(const std::vector<LostSession>& lost);
 
   // Checks that `node_name` may send a message for (job, generation): the
   // job exists (NOT_FOUND), has not ended (FAILED_PRECONDITION), the
@@ -118,8 +123,11 @@ class JobManager {
                                    const Session& session) const;
   void Seal(Job& job);
   // Removes `node_name` from the job for `why` (lost, left or timed out).
+  // Callers then ResealIfWhole, once per batch of losses.
   void LoseMember(Job& job, const std::string& node_name,
                   const std::string& why);
+  // Seals a re-forming job that has min_nodes members again.
+  void ResealIfWhole(const std::string& job);
   void EndJob(Job& job, v1::JobState state, const std::string& reason);
   void Event(Job& job, const std::string& kind, const std::string& message);
   void SendToMember(const Member& member, const OutboundMessage& message);

@@ -13,10 +13,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 
 #ifndef BATON_COORDINATOR_BIN
 #error "BATON_COORDINATOR_BIN must name the baton-coordinator binary"
@@ -79,6 +81,65 @@ absl::Status ReadListeningLine(int fd, absl::Time deadline,
   }
 }
 
+// The first line of each kind of sanitizer report.
+constexpr absl::string_view kSanitizerReportMarkers[] = {
+    "WARNING: ThreadSanitizer:",
+    "ERROR: AddressSanitizer:",
+    "ERROR: LeakSanitizer:",
+    ": runtime error: ",
+};
+
+bool IsSanitizerReport(absl::string_view line) {
+  for (absl::string_view marker : kSanitizerReportMarkers) {
+    if (absl::StrContains(line, marker)) return true;
+  }
+  return false;
+}
+
+// Writes all of `data` to `fd`; gives up on an error other than EINTR.
+void WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// Copies `from` to `to` until end of file, counting the sanitizer reports
+// that go by. `first_report` gets the first report's SUMMARY line (where the
+// sanitizer prints one), or else its first line.
+void CopyStderr(int from, int to, int* reports, std::string* first_report) {
+  std::string line;
+  bool have_summary = false;
+  const auto scan = [&] {
+    if (IsSanitizerReport(line)) {
+      if (++*reports == 1) *first_report = line;
+    } else if (*reports > 0 && !have_summary &&
+               absl::StartsWith(line, "SUMMARY: ")) {
+      have_summary = true;
+      *first_report = line;
+    }
+  };
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = read(from, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    WriteAll(to, chunk, static_cast<size_t>(n));
+    for (const char c : absl::string_view(chunk, static_cast<size_t>(n))) {
+      if (c != '\n') {
+        line.push_back(c);
+        continue;
+      }
+      scan();
+      line.clear();
+    }
+  }
+  scan();
+}
+
 }  // namespace
 
 std::string ProcessExit::ToString() const {
@@ -86,6 +147,10 @@ std::string ProcessExit::ToString() const {
                            : absl::StrCat("killed by signal ", signal);
   absl::StrAppend(&out, " after ", absl::FormatDuration(elapsed));
   if (timed_out) absl::StrAppend(&out, " (did not stop in time)");
+  if (sanitizer_reports > 0) {
+    absl::StrAppend(&out, "; it printed ", sanitizer_reports,
+                    " sanitizer report(s)");
+  }
   return out;
 }
 
@@ -110,26 +175,39 @@ absl::Status CoordinatorProcess::Start(const std::vector<std::string>& flags,
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
 
-  int err_fd = -1;
+  // Where the copy of the child's stderr goes.
+  int sink_fd = STDERR_FILENO;
   if (!stderr_path_.empty()) {
-    err_fd = open(stderr_path_.c_str(),
-                  O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (err_fd < 0) {
+    sink_fd = open(stderr_path_.c_str(),
+                   O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (sink_fd < 0) {
       return absl::InternalError(
           absl::StrCat("open ", stderr_path_, ": ", strerror(errno)));
     }
   }
+  const auto close_sink = [sink_fd] {
+    if (sink_fd != STDERR_FILENO) close(sink_fd);
+  };
   int out[2];
+  int err[2];
   // Carries errno from a failed execv; closed by a successful one.
   int exec_error[2];
   if (pipe2(out, O_CLOEXEC) != 0) {
-    if (err_fd >= 0) close(err_fd);
+    close_sink();
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(out[0]);
+    close(out[1]);
+    close_sink();
     return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   }
   if (pipe2(exec_error, O_CLOEXEC) != 0) {
     close(out[0]);
     close(out[1]);
-    if (err_fd >= 0) close(err_fd);
+    close(err[0]);
+    close(err[1]);
+    close_sink();
     return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   }
   const pid_t parent = getpid();
@@ -137,9 +215,11 @@ absl::Status CoordinatorProcess::Start(const std::vector<std::string>& flags,
   if (pid < 0) {
     close(out[0]);
     close(out[1]);
+    close(err[0]);
+    close(err[1]);
     close(exec_error[0]);
     close(exec_error[1]);
-    if (err_fd >= 0) close(err_fd);
+    close_sink();
     return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   }
   if (pid == 0) {
@@ -147,7 +227,7 @@ absl::Status CoordinatorProcess::Start(const std::vector<std::string>& flags,
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
     dup2(out[1], STDOUT_FILENO);
-    if (err_fd >= 0) dup2(err_fd, STDERR_FILENO);
+    dup2(err[1], STDERR_FILENO);
     // The test process may block signals in its threads; the coordinator
     // sets up its own.
     sigset_t none;
@@ -159,9 +239,17 @@ absl::Status CoordinatorProcess::Start(const std::vector<std::string>& flags,
     _exit(127);
   }
   close(out[1]);
+  close(err[1]);
   close(exec_error[1]);
-  if (err_fd >= 0) close(err_fd);
   pid_ = pid;
+  sanitizer_reports_ = 0;
+  first_sanitizer_report_.clear();
+  // Ends when the child's stderr closes, that is when the child is gone.
+  stderr_copier_ = std::thread([this, from = err[0], to = sink_fd] {
+    CopyStderr(from, to, &sanitizer_reports_, &first_sanitizer_report_);
+    close(from);
+    if (to != STDERR_FILENO) close(to);
+  });
 
   int exec_errno = 0;
   ssize_t n;
@@ -231,6 +319,14 @@ ProcessExit CoordinatorProcess::SignalAndWait(int signal,
   }
   ProcessExit exit = FromWaitStatus(status, absl::Now() - start);
   exit.timed_out = timed_out;
+  if (stderr_copier_.joinable()) stderr_copier_.join();
+  exit.sanitizer_reports = sanitizer_reports_;
+  if (sanitizer_reports_ > 0) {
+    ADD_FAILURE() << "baton-coordinator (pid " << pid_ << ") printed "
+                  << sanitizer_reports_
+                  << " sanitizer report(s) on its stderr; the first: "
+                  << first_sanitizer_report_;
+  }
   pid_ = -1;
   return exit;
 }

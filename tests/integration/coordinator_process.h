@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,6 +21,8 @@ struct ProcessExit {
   absl::Duration elapsed;
   // True when it did not end in time and was killed with SIGKILL.
   bool timed_out = false;
+  // Sanitizer reports it printed on its stderr (the test has failed).
+  int sanitizer_reports = 0;
 
   // For test messages: "exit 0 after 1.2s", "killed by signal 9 after 3s".
   std::string ToString() const;
@@ -27,8 +30,10 @@ struct ProcessExit {
 
 // A real baton-coordinator process (build/bin/baton-coordinator) for
 // integration tests, listening on 127.0.0.1. Its stderr goes to the test's
-// stderr, or to a file given with set_stderr_path. The child is killed when
-// the test process dies.
+// stderr, or to a file given with set_stderr_path, copied there by a thread
+// that also looks for sanitizer reports (ThreadSanitizer, AddressSanitizer,
+// LeakSanitizer, UBSan): when the process ends with any, the current test
+// fails. The child is killed when the test process dies.
 //
 // Not thread-safe: use from the test's thread.
 class CoordinatorProcess {
@@ -70,6 +75,12 @@ class CoordinatorProcess {
   std::string address_;
   int port_ = 0;
   std::string stderr_path_;
+
+  // Copies the running process's stderr; joined when the process is reaped.
+  std::thread stderr_copier_;
+  // Written by stderr_copier_; read after joining it.
+  int sanitizer_reports_ = 0;
+  std::string first_sanitizer_report_;
 };
 
 }  // namespace baton

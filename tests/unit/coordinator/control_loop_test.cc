@@ -63,6 +63,20 @@ TEST(ControlLoopTest, TicksWhileIdleAndStopsPromptly) {
   EXPECT_GE(ticks.load(), 3);
 }
 
+// Regression: the tick used to run between queued tasks, so a busy loop
+// judged liveness before reading the heartbeats already waiting in its queue.
+TEST(ControlLoopTest, TickRunsOnlyAfterTheTasksQueuedBeforeIt) {
+  ControlLoop loop;
+  int ran = 0;
+  for (int i = 0; i < 100; ++i) loop.Post([&] { ++ran; });
+  int ran_at_first_tick = -1;
+  loop.Run(Clock::Real(), absl::ZeroDuration(), [&] {
+    if (ran_at_first_tick < 0) ran_at_first_tick = ran;
+    loop.Stop();
+  });
+  EXPECT_EQ(ran_at_first_tick, 100);
+}
+
 TEST(ControlLoopTest, PostAfterStopIsDropped) {
   ControlLoop loop;
   loop.Stop();

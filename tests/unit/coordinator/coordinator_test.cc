@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -345,6 +346,59 @@ TEST_F(CoordinatorTest, MinNodesResealsWithTheSurvivorsAndGrowsBack) {
   EXPECT_EQ(memberships[0].membership().generation(), 3);
   EXPECT_EQ(memberships[0].membership().world_size(), 3);
   EXPECT_EQ(memberships[0].membership().nodes(2).node_name(), "n3");
+}
+
+TEST_F(CoordinatorTest, NodesLostTogetherCostOneAbortAndOneReseal) {
+  std::vector<Agent> agents;
+  for (int i = 0; i < 10; ++i) agents.push_back(Connect(absl::StrCat("n", i)));
+  for (Agent& agent : agents) Join(agent, "job", 1, 10, /*min_nodes=*/2);
+  std::vector<Agent*> alive;
+  for (int i = 0; i < 5; ++i) alive.push_back(&agents[i]);
+  RunUntil(
+      alive,
+      [&] {
+        return agents[0].Received(v1::CoordinatorMessage::kMembership).size() >
+               1;
+      },
+      absl::Seconds(30));
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_THAT(agents[i].Received(v1::CoordinatorMessage::kGenerationAborted),
+                SizeIs(1));
+    auto memberships = agents[i].Received(v1::CoordinatorMessage::kMembership);
+    ASSERT_THAT(memberships, SizeIs(2));
+    EXPECT_EQ(memberships[1].membership().generation(), 2);
+    EXPECT_EQ(memberships[1].membership().world_size(), 5);
+  }
+  v1::JobStatus status = Status("job");
+  EXPECT_EQ(status.generation(), 2);
+  int lost = 0;
+  for (const v1::JobEvent& event : status.events())
+    lost += event.kind() == "lost";
+  EXPECT_EQ(lost, 5);
+}
+
+TEST_F(CoordinatorTest, StalledCoordinatorRestartsDeadlinesInsteadOfLosingAll) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 1, 2);
+  Join(b, "job", 1, 2);
+  coordinator_->Tick();
+  // The coordinator did not run for 20 s (say it was stopped): the agents'
+  // heartbeats wait unread, so nobody is lost for it.
+  clock_.Advance(absl::Seconds(20));
+  coordinator_->Tick();
+  EXPECT_THAT(a.Received(v1::CoordinatorMessage::kGenerationAborted),
+              SizeIs(0));
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+  // Deadlines restarted: a node that stays silent is still lost in time.
+  RunUntil(
+      {&a},
+      [&] {
+        return !a.Received(v1::CoordinatorMessage::kGenerationAborted).empty();
+      },
+      options_.liveness_timeout + options_.tick_interval);
+  auto notices = a.Received(v1::CoordinatorMessage::kGenerationAborted);
+  ASSERT_THAT(notices, SizeIs(1));
+  EXPECT_EQ(notices[0].generation_aborted().lost_node(), "n1");
 }
 
 TEST_F(CoordinatorTest, JobFailsWhenNotWholeAgainInTime) {
