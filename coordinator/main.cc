@@ -179,7 +179,9 @@ int Main(int argc, char** argv) {
   LOG(INFO) << "received " << strsignal(signal_number)
             << "; shutting down (grace " << FLAGS_shutdown_grace_ms << " ms)";
   const absl::Time start = absl::Now();
-  server.Shutdown(absl::Milliseconds(FLAGS_shutdown_grace_ms));
+  server.Shutdown(absl::Milliseconds(FLAGS_shutdown_grace_ms),
+                  absl::StrCat("the coordinator is shutting down (",
+                               strsignal(signal_number), ")"));
   LOG(INFO) << "shut down in " << absl::Now() - start;
   return 0;
 }

@@ -51,16 +51,15 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& listen_address,
   return port;
 }
 
-void CoordinatorServer::Shutdown(absl::Duration grace) {
+void CoordinatorServer::Shutdown(absl::Duration grace,
+                                 const std::string& reason) {
   if (server_ == nullptr || shut_down_) return;
   shut_down_ = true;
   if (grpc::HealthCheckServiceInterface* health =
           server_->GetHealthCheckService()) {
     health->SetServingStatus(false);
   }
-  loop_.Post([this] {
-    coordinator_.Shutdown("the coordinator is shutting down (SIGTERM)");
-  });
+  loop_.Post([this, reason] { coordinator_.Shutdown(reason); });
   // Waits for the sessions to drain their shutdown messages and for calls in
   // progress, cancelling what is left at the deadline. The loop keeps
   // running meanwhile: the calls finish through it.

@@ -41,8 +41,9 @@ class CoordinatorServer {
   // Reports NOT_SERVING, tells every agent the coordinator is going away and
   // closes their sessions, stops accepting calls, waits up to `grace` for
   // calls in progress and cancels the rest, then stops the control loop.
-  // Later calls do nothing.
-  void Shutdown(absl::Duration grace);
+  // `reason` goes to the agents. Later calls do nothing.
+  void Shutdown(absl::Duration grace,
+                const std::string& reason = "the coordinator is shutting down");
 
  private:
   // Constant after construction.
