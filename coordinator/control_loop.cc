@@ -41,7 +41,7 @@ void ControlLoop::Run(Clock* clock, absl::Duration tick_interval,
       if (stopped_) return;
       if (clock->Now() >= next_tick) {
         backlog = tasks_.size();
-      } else {
+      } else if (!tasks_.empty()) {
         task = std::move(tasks_.front());
         tasks_.pop_front();
       }
@@ -50,6 +50,7 @@ void ControlLoop::Run(Clock* clock, absl::Duration tick_interval,
       task();
       continue;
     }
+    if (backlog == 0 && clock->Now() < next_tick) continue;  // Woke early.
     // The tick judges deadlines (liveness above all) on what has arrived:
     // first run every task that was queued when the tick came due, so a
     // busy loop does not mistake its own backlog for silent agents.

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace baton {
@@ -75,6 +76,23 @@ TEST(ControlLoopTest, TickRunsOnlyAfterTheTasksQueuedBeforeIt) {
     loop.Stop();
   });
   EXPECT_EQ(ran_at_first_tick, 100);
+}
+
+// Regression: waking with no task before the tick was due took a task from
+// an empty queue. A FakeClock makes every wait wake "early".
+TEST(ControlLoopTest, WakingEarlyWithNoTaskWaitsForTheTick) {
+  ControlLoop loop;
+  FakeClock clock;
+  std::atomic<int> ticks{0};
+  std::thread runner(
+      [&] { loop.Run(&clock, absl::Milliseconds(10), [&] { ++ticks; }); });
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(ticks.load(), 0);
+  clock.Advance(absl::Milliseconds(10));
+  while (ticks.load() == 0) std::this_thread::yield();
+  loop.Stop();
+  runner.join();
+  EXPECT_EQ(ticks.load(), 1);
 }
 
 TEST(ControlLoopTest, PostAfterStopIsDropped) {
