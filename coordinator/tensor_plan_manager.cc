@@ -14,128 +14,17 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
-#include "common/validation.h"
+#include "coordinator/tensor_spec.h"
 
 namespace baton {
 namespace {
 
-// The fields two declarations of one name can disagree on, as bits.
-enum SpecField : uint8_t { kDtype = 1, kShape = 2, kOp = 4 };
-constexpr SpecField kSpecFields[] = {kDtype, kShape, kOp};
-
 // Longest rank or node list spelled out in a message; the proto keeps all.
 constexpr size_t kMaxListed = 8;
-
-struct DtypeInfo {
-  v1::DataType dtype;
-  const char* text;
-  int64_t element_size;
-};
-constexpr DtypeInfo kDtypes[] = {
-    {v1::DATA_TYPE_FLOAT32, "float32", 4},
-    {v1::DATA_TYPE_FLOAT64, "float64", 8},
-    {v1::DATA_TYPE_FLOAT16, "float16", 2},
-    {v1::DATA_TYPE_BFLOAT16, "bfloat16", 2},
-    {v1::DATA_TYPE_INT32, "int32", 4},
-    {v1::DATA_TYPE_INT64, "int64", 8},
-    {v1::DATA_TYPE_UINT8, "uint8", 1},
-    {v1::DATA_TYPE_INT8, "int8", 1},
-};
-
-const char* FieldName(SpecField field) {
-  return field == kDtype ? "dtype" : field == kShape ? "shape" : "op";
-}
-
-int64_t ElementSize(v1::DataType dtype) {
-  for (const DtypeInfo& info : kDtypes) {
-    if (info.dtype == dtype) return info.element_size;
-  }
-  return 0;
-}
-
-std::string DtypeText(v1::DataType dtype) {
-  for (const DtypeInfo& info : kDtypes) {
-    if (info.dtype == dtype) return info.text;
-  }
-  if (dtype == v1::DATA_TYPE_UNSPECIFIED) return "unspecified";
-  return absl::StrCat(static_cast<int>(dtype), ", not a known DataType");
-}
-
-std::string OpText(v1::CollectiveOp op) {
-  if (op == v1::COLLECTIVE_OP_PUSH_PULL) return "push_pull";
-  if (op == v1::COLLECTIVE_OP_BROADCAST) return "broadcast";
-  if (op == v1::COLLECTIVE_OP_UNSPECIFIED) return "unspecified";
-  return absl::StrCat(static_cast<int>(op), ", not a known CollectiveOp");
-}
-
-std::string ShapeText(const v1::TensorSpec& spec) {
-  return absl::StrCat("[", absl::StrJoin(spec.shape(), ", "), "]");
-}
-
-std::string FieldText(const v1::TensorSpec& spec, SpecField field) {
-  if (field == kDtype) return DtypeText(spec.dtype());
-  return field == kShape ? ShapeText(spec) : OpText(spec.op());
-}
-
-// `"w" (float32 [3, 4] push_pull)`, for errors that show a whole spec.
-std::string Describe(const v1::TensorSpec& spec) {
-  return absl::StrCat("\"", spec.name(), "\" (", DtypeText(spec.dtype()), " ",
-                      ShapeText(spec), " ", OpText(spec.op()), ")");
-}
-
-uint8_t DiffFields(const v1::TensorSpec& a, const v1::TensorSpec& b) {
-  uint8_t fields = 0;
-  if (a.dtype() != b.dtype()) fields |= kDtype;
-  if (!std::equal(a.shape().begin(), a.shape().end(), b.shape().begin(),
-                  b.shape().end())) {
-    fields |= kShape;
-  }
-  if (a.op() != b.op()) fields |= kOp;
-  return fields;
-}
-
-bool SameSpec(const v1::TensorSpec& a, const v1::TensorSpec& b) {
-  return a.name() == b.name() && DiffFields(a, b) == 0;
-}
-
-// Bytes of a spec whose dims are >= 0, or -1 when it exceeds
-// kMaxTensorBytes. Dividing before multiplying keeps dims like 2^62 from
-// overflowing; a zero dim makes the tensor empty whatever follows it.
-int64_t CheckedSizeBytes(const v1::TensorSpec& spec) {
-  for (int64_t dim : spec.shape()) {
-    if (dim == 0) return 0;
-  }
-  int64_t bytes = ElementSize(spec.dtype());
-  for (int64_t dim : spec.shape()) {
-    if (dim < 0 || bytes > TensorPlanManager::kMaxTensorBytes / dim) return -1;
-    bytes *= dim;
-  }
-  return bytes;
-}
 
 int64_t NumPartitions(int64_t size_bytes, int64_t partition_bytes) {
   return std::max<int64_t>(
       1, (size_bytes + partition_bytes - 1) / partition_bytes);
-}
-
-// "{0,1}" or "{0-7,16-23}": runs of three or more ranks are shortened.
-std::string RanksText(const google::protobuf::RepeatedField<int32_t>& ranks) {
-  std::vector<std::string> runs;
-  for (int i = 0; i < ranks.size();) {
-    if (runs.size() >= kMaxListed) {
-      runs.push_back("...");
-      break;
-    }
-    int j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (j - i >= 2) {
-      runs.push_back(absl::StrCat(ranks[i], "-", ranks[j]));
-    } else {
-      for (int k = i; k <= j; ++k) runs.push_back(absl::StrCat(ranks[k]));
-    }
-    i = j + 1;
-  }
-  return absl::StrCat("{", absl::StrJoin(runs, ","), "}");
 }
 
 std::string ValueText(const v1::MismatchValue& value) {
@@ -146,9 +35,9 @@ std::string ValueText(const v1::MismatchValue& value) {
   if (listed < value.nodes_size()) {
     absl::StrAppend(&nodes, " and ", value.nodes_size() - listed, " more");
   }
-  return absl::StrCat(value.value(), " on ranks ", RanksText(value.ranks()),
-                      value.nodes_size() == 1 ? " (node " : " (nodes ", nodes,
-                      ")");
+  return absl::StrCat(
+      value.value(), " on ranks ", RanksText(value.ranks(), kMaxListed),
+      value.nodes_size() == 1 ? " (node " : " (nodes ", nodes, ")");
 }
 
 // With a plan entry (`planned` is its value) the message lists only the
@@ -185,8 +74,8 @@ bool SameEntry(const v1::TensorPlanEntry& a, const v1::TensorPlanEntry& b) {
 
 std::string DescribeEntry(const v1::TensorPlanEntry& entry) {
   return absl::StrCat("tensor_id ", entry.tensor_id(), " ",
-                      Describe(entry.spec()), " priority ", entry.priority(),
-                      ", ", entry.size_bytes(), " bytes in ",
+                      DescribeSpec(entry.spec()), " priority ",
+                      entry.priority(), ", ", entry.size_bytes(), " bytes in ",
                       entry.num_partitions(), " partitions");
 }
 
@@ -302,22 +191,22 @@ struct TensorPlanManager::JobPlans {
   void FindMismatches(int prefix, std::vector<v1::TensorMismatch>* found) {
     const v1::TensorSpec& spec = prefixes[prefix].spec;
     DeclaredName& name = names.at(spec.name());
-    uint8_t fields = DiffFields(spec, prefixes[name.declarations[0]].spec);
+    uint8_t fields = DiffSpecFields(spec, prefixes[name.declarations[0]].spec);
     const auto entry = planned.find(spec.name());
     const v1::TensorSpec* planned_spec =
         entry == planned.end() ? nullptr : &plan->tensors(entry->second).spec();
-    if (planned_spec != nullptr) fields |= DiffFields(spec, *planned_spec);
+    if (planned_spec != nullptr) fields |= DiffSpecFields(spec, *planned_spec);
     fields &= ~name.reported;
     name.reported |= fields;
     for (SpecField field : kSpecFields) {
       if ((fields & field) == 0) continue;
       v1::TensorMismatch mismatch;
       mismatch.set_tensor(spec.name());
-      mismatch.set_field(FieldName(field));
+      mismatch.set_field(SpecFieldName(field));
       // The plan's value first (it is what everyone must match), then the
       // declared values in the order of the lowest node rank holding them.
       const std::string planned_text =
-          planned_spec ? FieldText(*planned_spec, field) : "";
+          planned_spec ? SpecFieldText(*planned_spec, field) : "";
       if (planned_spec != nullptr) {
         mismatch.add_values()->set_value(
             absl::StrCat(planned_text, " (planned)"));
@@ -326,7 +215,8 @@ struct TensorPlanManager::JobPlans {
       for (int node = 0; node < membership.nodes_size(); ++node) {
         const int declaration = DeclarationOf(name, node);
         if (declaration < 0) continue;
-        const std::string text = FieldText(prefixes[declaration].spec, field);
+        const std::string text =
+            SpecFieldText(prefixes[declaration].spec, field);
         v1::MismatchValue*& value = values[text];
         if (value == nullptr) {
           value = mismatch.add_values();
@@ -375,7 +265,7 @@ struct TensorPlanManager::JobPlans {
       entry->set_tensor_id(next_id++);
       *entry->mutable_spec() = spec;
       entry->set_priority(index);
-      entry->set_size_bytes(SizeBytes(spec));
+      entry->set_size_bytes(TensorSizeBytes(spec));
       entry->set_num_partitions(static_cast<int32_t>(
           NumPartitions(entry->size_bytes(), partition_bytes)));
       planned[spec.name()] = index;
@@ -464,9 +354,9 @@ TensorPlanManager::OnManifest(const v1::Membership& membership,
     if (changed < size) {
       return absl::FailedPreconditionError(absl::StrCat(
           "Manifest.tensors[", changed, "] is ",
-          Describe(manifest.tensors(changed)), " but node \"", node_name,
-          "\" declared ", Describe(old_spec), " there before in generation ",
-          membership.generation(),
+          DescribeSpec(manifest.tensors(changed)), " but node \"", node_name,
+          "\" declared ", DescribeSpec(old_spec),
+          " there before in generation ", membership.generation(),
           ": manifests are append-only; declare new tensors after the "
           "existing ones"));
     }
@@ -474,7 +364,7 @@ TensorPlanManager::OnManifest(const v1::Membership& membership,
         "Manifest has ", size, " tensors but node \"", node_name,
         "\" declared ", before, " before in generation ",
         membership.generation(), " (Manifest.tensors[", changed, "] ",
-        Describe(old_spec),
+        DescribeSpec(old_spec),
         " is missing): manifests are append-only; resend every tensor "
         "declared before, in the same order"));
   }
@@ -485,7 +375,7 @@ TensorPlanManager::OnManifest(const v1::Membership& membership,
   for (int i = before; i < size; ++i) {
     const v1::TensorSpec& spec = manifest.tensors(i);
     const std::string what = absl::StrCat("Manifest.tensors[", i, "]");
-    BATON_RETURN_IF_ERROR(ValidateSpec(what, spec));
+    BATON_RETURN_IF_ERROR(ValidateTensorSpec(what, spec));
     int first = -1;
     const auto declared = job.names.find(spec.name());
     if (declared != job.names.end()) {
@@ -504,7 +394,7 @@ TensorPlanManager::OnManifest(const v1::Membership& membership,
     // Only reachable with 8-byte partitions: a 16 GiB tensor would need
     // 2^31 partitions, one more than num_partitions can count.
     const int64_t partitions =
-        NumPartitions(SizeBytes(spec), job.partition_bytes);
+        NumPartitions(TensorSizeBytes(spec), job.partition_bytes);
     if (partitions > std::numeric_limits<int32_t>::max()) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " tensor \"", spec.name(), "\" would need ",
@@ -610,7 +500,7 @@ absl::Status TensorPlanManager::Recover(const std::string& job_name,
     const v1::TensorPlanEntry& entry = plan.tensors(i);
     const std::string what = absl::StrCat("TensorPlan.tensors[", i, "]");
     BATON_RETURN_IF_ERROR(
-        ValidateSpec(absl::StrCat(what, ".spec"), entry.spec()));
+        ValidateTensorSpec(absl::StrCat(what, ".spec"), entry.spec()));
     const auto [same_name, new_name] = names.emplace(entry.spec().name(), i);
     if (!new_name) {
       return absl::InvalidArgumentError(
@@ -623,7 +513,7 @@ absl::Status TensorPlanManager::Recover(const std::string& job_name,
           absl::StrCat(what, " reuses tensor_id ", entry.tensor_id(),
                        " of TensorPlan.tensors[", same_id->second, "]"));
     }
-    const int64_t size_bytes = SizeBytes(entry.spec());
+    const int64_t size_bytes = TensorSizeBytes(entry.spec());
     const int64_t partitions =
         NumPartitions(size_bytes, plan.partition_bytes());
     if (entry.priority() != i || entry.size_bytes() != size_bytes ||
@@ -688,48 +578,11 @@ std::string TensorPlanManager::TensorName(const std::string& job,
 
 absl::Status TensorPlanManager::ValidateSpec(const std::string& what,
                                              const v1::TensorSpec& spec) {
-  BATON_RETURN_IF_ERROR(
-      ValidateTensorName(absl::StrCat(what, ".name"), spec.name()));
-  const auto bad = [&](absl::string_view field, absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ".", field, " of tensor \"", spec.name(), "\" ", why));
-  };
-  if (spec.dtype() == v1::DATA_TYPE_UNSPECIFIED ||
-      !v1::DataType_IsValid(spec.dtype())) {
-    return bad("dtype",
-               absl::StrCat("is ", DtypeText(spec.dtype()),
-                            ": declare one of float32, float64, float16, "
-                            "bfloat16, int32, int64, uint8, int8"));
-  }
-  if (spec.op() != v1::COLLECTIVE_OP_PUSH_PULL &&
-      spec.op() != v1::COLLECTIVE_OP_BROADCAST) {
-    return bad("op", absl::StrCat("is ", OpText(spec.op()),
-                                  ": declare push_pull or broadcast"));
-  }
-  if (spec.shape_size() > kMaxDims) {
-    return bad("shape", absl::StrCat("has ", spec.shape_size(),
-                                     " dimensions; the limit is ", kMaxDims,
-                                     ": reshape it"));
-  }
-  for (int i = 0; i < spec.shape_size(); ++i) {
-    if (spec.shape(i) < 0) {
-      return bad(
-          absl::StrCat("shape[", i, "]"),
-          absl::StrCat("is ", spec.shape(i), ": dimensions must be >= 0"));
-    }
-  }
-  if (CheckedSizeBytes(spec) < 0) {
-    return bad("shape",
-               absl::StrCat("(", ShapeText(spec), " ", DtypeText(spec.dtype()),
-                            ") holds more than ", kMaxTensorBytes >> 30,
-                            " GiB, the most one tensor may hold: "
-                            "split it into smaller tensors"));
-  }
-  return absl::OkStatus();
+  return ValidateTensorSpec(what, spec);
 }
 
 int64_t TensorPlanManager::SizeBytes(const v1::TensorSpec& spec) {
-  return CheckedSizeBytes(spec);
+  return TensorSizeBytes(spec);
 }
 
 }  // namespace baton

@@ -12,6 +12,7 @@
 #include "baton/v1/common.pb.h"
 #include "baton/v1/coordinator.pb.h"
 #include "baton/v1/status.pb.h"
+#include "coordinator/tensor_spec.h"
 
 namespace baton {
 
@@ -34,9 +35,9 @@ namespace baton {
 class TensorPlanManager {
  public:
   // Largest tensor a spec may describe, and most tensors per job.
-  static constexpr int64_t kMaxTensorBytes = int64_t{16} << 30;
+  static constexpr int64_t kMaxTensorBytes = baton::kMaxTensorBytes;
   static constexpr int kMaxTensors = 100000;
-  static constexpr int kMaxDims = 8;
+  static constexpr int kMaxDims = kMaxTensorDims;
 
   // What a manifest changed, for the coordinator to send to every member.
   struct ManifestOutcome {
@@ -84,6 +85,8 @@ class TensorPlanManager {
   // The planned tensor's name, or "tensor#<id>" when unknown.
   std::string TensorName(const std::string& job, uint32_t tensor_id) const;
 
+  // Shorthands for ValidateTensorSpec and TensorSizeBytes
+  // (coordinator/tensor_spec.h), which state the full contracts.
   // Validates one spec; `what` names it in the error ("Manifest.tensors[3]").
   static absl::Status ValidateSpec(const std::string& what,
                                    const v1::TensorSpec& spec);

@@ -7,40 +7,36 @@
 // outbound queue and one write in flight); agents are spread over several
 // channels, each its own TCP connection. One ticker thread sends every
 // agent's heartbeats and step reports.
+//
+// This file holds the flags, the run's phases and the report; the agents are
+// in simulated_agent.h, their timers in ticker.h and what they observe in
+// load_recorder.h.
 
 #include <gflags/gflags.h>
-#include <google/protobuf/arena.h>
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
-#include <fstream>
-#include <functional>
 #include <memory>
-#include <queue>
-#include <random>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "baton/v1/coordinator.grpc.pb.h"
 #include "baton/v1/status.grpc.pb.h"
 #include "common/init.h"
+#include "tools/bench/load_recorder.h"
+#include "tools/bench/process_sample.h"
+#include "tools/bench/simulated_agent.h"
+#include "tools/bench/ticker.h"
 
 DEFINE_string(coordinator, "", "Coordinator to load, host:port (required)");
 DEFINE_int32(nodes, 100, "Simulated agents, one node and one session each");
@@ -65,7 +61,7 @@ DEFINE_int32(seal_timeout_s, 60,
 DEFINE_int32(agents_per_channel, 256,
              "Sessions per channel (TCP connection) to the coordinator");
 
-namespace baton {
+namespace baton::bench {
 namespace {
 
 constexpr char kUsage[] =
@@ -75,569 +71,11 @@ constexpr char kUsage[] =
     "Usage: baton-coordinator-load --coordinator=host:port [--nodes=N] "
     "[--duration_s=S] [--coordinator_pid=PID] [--json] [--print_status]";
 
-// An agent's read arena past this size is freed after the message that grew
-// it (a large membership) instead of being kept for the next read.
-constexpr size_t kArenaKeepBytes = 64 << 10;
 // How long the reachability probe, the streams' ending after LeaveJob and
 // Status.GetJob may take.
 constexpr absl::Duration kReachTimeout = absl::Seconds(5);
 constexpr absl::Duration kLeaveTimeout = absl::Seconds(30);
 constexpr absl::Duration kStatusTimeout = absl::Seconds(10);
-constexpr size_t kKeptTexts = 5;
-
-int64_t NowUnixMicros() { return absl::GetCurrentTimeNanos() / 1000; }
-
-// Everything the agents observe, for the summary. Thread-safe.
-class LoadRecorder {
- public:
-  struct Progress {
-    int count = 0;
-    absl::Time first = absl::InfiniteFuture();
-    absl::Time last = absl::InfinitePast();
-  };
-  struct Counters {
-    int64_t errors = 0;
-    int64_t stream_failures = 0;
-    int64_t clean_closes = 0;
-    int64_t heartbeats = 0;
-    int64_t reports = 0;
-    int64_t window_heartbeats = 0;
-    int64_t aborted_generations = 0;
-    int64_t plans = 0;
-    int64_t job_ended = 0;
-    int64_t shutdowns = 0;
-  };
-  void SessionAccepted() { Bump(&accepted_, absl::Now()); }
-  void JoinAccepted() { Bump(&joins_accepted_, absl::Now()); }
-  void MembershipReceived() { Bump(&memberships_, absl::Now()); }
-  void Count(int64_t LoadRecorder::Counters::*counter) {
-    absl::MutexLock lock(&mu_);
-    ++(counters_.*counter);
-  }
-
-  void ErrorReceived(const std::string& node, const v1::Error& error) {
-    absl::MutexLock lock(&mu_);
-    ++counters_.errors;
-    if (error_texts_.size() < kKeptTexts) {
-      error_texts_.push_back(absl::StrFormat(
-          "%s: %s (job %s gen %d): %s", node,
-          absl::StatusCodeToString(static_cast<absl::StatusCode>(error.code())),
-          error.job(), error.generation(), error.message()));
-    }
-  }
-
-  // `leaving`: the agent had sent its LeaveJob, so an OK end is expected.
-  void StreamEnded(const std::string& node, const grpc::Status& status,
-                   bool leaving) {
-    absl::MutexLock lock(&mu_);
-    ++ended_;
-    if (status.ok() && leaving) {
-      ++counters_.clean_closes;
-      return;
-    }
-    ++counters_.stream_failures;
-    if (stream_texts_.size() < kKeptTexts) {
-      stream_texts_.push_back(absl::StrFormat(
-          "%s: stream ended %s: %s", node,
-          absl::StatusCodeToString(
-              static_cast<absl::StatusCode>(status.error_code())),
-          status.ok() ? "before the agent left" : status.error_message()));
-    }
-  }
-
-  // Round trips count only for heartbeats stamped inside the window, which
-  // opens now and lasts `length`. Returns when it ends.
-  absl::Time OpenWindow(absl::Duration length) {
-    absl::MutexLock lock(&mu_);
-    window_begin_us_ = NowUnixMicros();
-    window_end_us_ = window_begin_us_ + absl::ToInt64Microseconds(length);
-    return absl::FromUnixMicros(window_end_us_);
-  }
-  // The send time for a heartbeat, taken under the same lock as the window
-  // so that every heartbeat counted here is also one whose answer counts.
-  int64_t StampHeartbeat() {
-    absl::MutexLock lock(&mu_);
-    const int64_t now_us = NowUnixMicros();
-    ++counters_.heartbeats;
-    if (now_us >= window_begin_us_ && now_us <= window_end_us_) {
-      ++counters_.window_heartbeats;
-    }
-    return now_us;
-  }
-  void HeartbeatAcked(int64_t sent_us, int64_t now_us) {
-    absl::MutexLock lock(&mu_);
-    if (sent_us >= window_begin_us_ && sent_us <= window_end_us_) {
-      round_trips_us_.push_back(now_us - sent_us);
-    }
-  }
-
-  // Waits until `count` sessions were accepted / joins accepted /
-  // memberships received / streams ended; false at `deadline`.
-  bool AwaitAccepted(int count, absl::Time deadline) {
-    return Await(&accepted_, count, deadline);
-  }
-  bool AwaitMemberships(int count, absl::Time deadline) {
-    return Await(&memberships_, count, deadline);
-  }
-  bool AwaitEnded(int count, absl::Time deadline) {
-    absl::MutexLock lock(&mu_);
-    const auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return ended_ >= count;
-    };
-    return mu_.AwaitWithDeadline(absl::Condition(&reached), deadline);
-  }
-
-  struct Snapshot {
-    Progress accepted, joins_accepted, memberships;
-    Counters counters;
-    std::vector<int64_t> round_trips_us;
-    std::vector<std::string> error_texts, stream_texts;
-  };
-  Snapshot Take() const {
-    absl::MutexLock lock(&mu_);
-    return {accepted_,       joins_accepted_, memberships_, counters_,
-            round_trips_us_, error_texts_,    stream_texts_};
-  }
-
- private:
-  void Bump(Progress* progress, absl::Time now) {
-    absl::MutexLock lock(&mu_);
-    ++progress->count;
-    progress->first = std::min(progress->first, now);
-    progress->last = std::max(progress->last, now);
-  }
-  bool Await(const Progress* progress, int count, absl::Time deadline) {
-    absl::MutexLock lock(&mu_);
-    const auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return progress->count >= count;
-    };
-    return mu_.AwaitWithDeadline(absl::Condition(&reached), deadline);
-  }
-
-  mutable absl::Mutex mu_;
-  Progress accepted_ ABSL_GUARDED_BY(mu_);
-  Progress joins_accepted_ ABSL_GUARDED_BY(mu_);
-  Progress memberships_ ABSL_GUARDED_BY(mu_);
-  int ended_ ABSL_GUARDED_BY(mu_) = 0;
-  Counters counters_ ABSL_GUARDED_BY(mu_);
-  int64_t window_begin_us_ ABSL_GUARDED_BY(mu_) = INT64_MAX;
-  int64_t window_end_us_ ABSL_GUARDED_BY(mu_) = INT64_MAX;
-  std::vector<int64_t> round_trips_us_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> error_texts_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> stream_texts_ ABSL_GUARDED_BY(mu_);
-};
-
-enum class TimerKind : uint8_t { kHeartbeat, kReport };
-
-// One thread firing every agent's periodic timers at a fixed rate (due times
-// do not drift when a firing is late). Thread-safe.
-class Ticker {
- public:
-  using FireFn = std::function<void(int32_t agent, TimerKind kind)>;
-
-  explicit Ticker(FireFn fire)
-      : fire_(std::move(fire)), thread_([this] { Run(); }) {}
-  ~Ticker() {
-    Stop();
-    thread_.join();
-  }
-
-  void Add(int32_t agent, TimerKind kind, absl::Time first,
-           absl::Duration interval) {
-    absl::MutexLock lock(&mu_);
-    heap_.push({first, interval, agent, kind});
-    ++version_;
-  }
-
-  // Ends the firing; a batch the thread already took is still fired.
-  void Stop() {
-    absl::MutexLock lock(&mu_);
-    stopped_ = true;
-  }
-
-  // The latest any timer fired after its due time.
-  absl::Duration max_lag() const {
-    absl::MutexLock lock(&mu_);
-    return max_lag_;
-  }
-
- private:
-  struct Entry {
-    absl::Time due;
-    absl::Duration interval;
-    int32_t agent;
-    TimerKind kind;
-    bool operator>(const Entry& other) const { return due > other.due; }
-  };
-
-  void Run() {
-    std::vector<Entry> due;
-    for (;;) {
-      {
-        absl::MutexLock lock(&mu_);
-        for (Entry& entry : due) {
-          entry.due += entry.interval;
-          heap_.push(entry);
-        }
-        due.clear();
-        absl::Time now;
-        for (;;) {
-          if (stopped_) return;
-          now = absl::Now();
-          if (!heap_.empty() && heap_.top().due <= now) break;
-          const uint64_t seen = version_;
-          const auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            return stopped_ || version_ != seen;
-          };
-          mu_.AwaitWithDeadline(
-              absl::Condition(&changed),
-              heap_.empty() ? absl::InfiniteFuture() : heap_.top().due);
-        }
-        while (!heap_.empty() && heap_.top().due <= now) {
-          max_lag_ = std::max(max_lag_, now - heap_.top().due);
-          due.push_back(heap_.top());
-          heap_.pop();
-        }
-      }
-      for (const Entry& entry : due) fire_(entry.agent, entry.kind);
-    }
-  }
-
-  const FireFn fire_;
-  mutable absl::Mutex mu_;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap_
-      ABSL_GUARDED_BY(mu_);
-  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Duration max_lag_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
-
-// Called from the main thread only.
-std::string RandomInstance() {
-  static std::mt19937_64 random(std::random_device{}());
-  return absl::StrFormat("%016x", random());
-}
-
-// Large blocks: a membership of thousands of nodes parses several times
-// faster than with the default 8 KiB maximum.
-google::protobuf::ArenaOptions ReadArenaOptions() {
-  google::protobuf::ArenaOptions options;
-  options.start_block_size = 4 << 10;
-  options.max_block_size = 1 << 20;
-  return options;
-}
-
-// One simulated agent: Hello, JoinJob, then heartbeats and step reports
-// until Leave. Owned by main; it must outlive OnDone (the recorder's
-// AwaitEnded).
-//
-// Thread-safety: Join, Leave, Cancel and OnTimer may be called from any
-// thread. gRPC operations are started outside mu_ (a reaction may run at
-// once on another thread and take mu_); the decision to start one is made
-// under mu_, so there is at most one write in flight, WritesDone follows the
-// last write, and the hold that keeps the stream alive for writes from
-// outside reactions is removed exactly once, after the last operation was
-// started.
-class SimulatedAgent final
-    : public grpc::ClientBidiReactor<v1::AgentMessage, v1::CoordinatorMessage> {
- public:
-  SimulatedAgent(int32_t index, int32_t nodes, LoadRecorder* recorder,
-                 Ticker* ticker)
-      : index_(index),
-        nodes_(nodes),
-        node_name_(absl::StrCat("sim-", index)),
-        recorder_(recorder),
-        ticker_(ticker),
-        arena_(ReadArenaOptions()),
-        inbound_(NewInbound()) {}
-
-  void Start(v1::Coordinator::Stub* stub, absl::Time deadline) {
-    context_.set_deadline(absl::ToChronoTime(deadline));
-    stub->async()->AgentSession(&context_, this);
-    AddHold();
-    StartRead(inbound_);
-    v1::AgentMessage hello;
-    hello.mutable_hello()->set_node_name(node_name_);
-    hello.mutable_hello()->set_agent_instance(RandomInstance());
-    hello.mutable_hello()->set_agent_version("baton-coordinator-load");
-    Send(std::move(hello));
-    StartCall();
-  }
-
-  void Join() {
-    v1::AgentMessage message;
-    v1::JoinJob* join = message.mutable_join();
-    join->set_job(FLAGS_job);
-    join->set_data_address(absl::StrCat("127.0.0.1:", 10000 + index_ % 50000));
-    join->set_local_size(1);
-    join->set_expected_nodes(nodes_);
-    Send(std::move(message));
-  }
-
-  // Sends LeaveJob{finished} and then ends the stream's writes.
-  void Leave() {
-    absl::ReleasableMutexLock lock(&mu_);
-    if (hold_released_ || leaving_) return;
-    v1::AgentMessage message;
-    message.set_seq(++seq_);
-    v1::LeaveJob* leave = message.mutable_leave();
-    leave->set_job(FLAGS_job);
-    leave->set_generation(generation_);
-    leave->set_finished(true);
-    leave->set_reason("load test over");
-    outbound_.push_back(std::move(message));
-    leaving_ = true;
-    Advance(lock);
-  }
-
-  void Cancel() { context_.TryCancel(); }
-
-  void OnTimer(TimerKind kind) {
-    v1::AgentMessage message;
-    if (kind == TimerKind::kHeartbeat) {
-      // Stamped when its write starts (Advance).
-      message.mutable_heartbeat();
-    } else {
-      absl::MutexLock lock(&mu_);
-      if (rank_ < 0) return;  // Not sealed (yet, or any more).
-      v1::StepReport* report = message.mutable_step_report();
-      report->set_job(FLAGS_job);
-      report->set_generation(generation_);
-      v1::RankProgress* progress = report->add_ranks();
-      progress->set_rank(rank_);
-      progress->set_completed_step(completed_step_++);
-      report->mutable_stats()->set_throughput_bytes_per_second(1e9);
-    }
-    if (kind == TimerKind::kReport) {
-      recorder_->Count(&LoadRecorder::Counters::reports);
-    }
-    Send(std::move(message));
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      absl::ReleasableMutexLock lock(&mu_);
-      stream_over_ = true;
-      Advance(lock);
-      return;
-    }
-    Handle(*inbound_);
-    if (arena_.SpaceUsed() > kArenaKeepBytes) {
-      arena_.Reset();
-      inbound_ = NewInbound();
-    } else {
-      inbound_->Clear();
-    }
-    StartRead(inbound_);
-  }
-
-  void OnWriteDone(bool ok) override {
-    absl::ReleasableMutexLock lock(&mu_);
-    write_in_flight_ = false;
-    if (!ok) stream_over_ = true;
-    Advance(lock);
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    bool leaving;
-    {
-      absl::MutexLock lock(&mu_);
-      leaving = leaving_;
-    }
-    recorder_->StreamEnded(node_name_, status, leaving);
-  }
-
- private:
-  v1::CoordinatorMessage* NewInbound() {
-    return google::protobuf::Arena::CreateMessage<v1::CoordinatorMessage>(
-        &arena_);
-  }
-
-  void Handle(const v1::CoordinatorMessage& message) {
-    switch (message.body_case()) {
-      case v1::CoordinatorMessage::kSessionAccepted: {
-        const v1::SessionAccepted& accepted = message.session_accepted();
-        const absl::Time now = absl::Now();
-        const absl::Duration heartbeat = absl::Milliseconds(
-            std::max<int64_t>(1, accepted.heartbeat_interval_ms()));
-        const absl::Duration report = absl::Milliseconds(
-            std::max<int64_t>(1, accepted.report_interval_ms()));
-        ticker_->Add(index_, TimerKind::kHeartbeat, now + heartbeat, heartbeat);
-        ticker_->Add(index_, TimerKind::kReport, now + report, report);
-        recorder_->SessionAccepted();
-        return;
-      }
-      case v1::CoordinatorMessage::kJoinAccepted:
-        recorder_->JoinAccepted();
-        return;
-      case v1::CoordinatorMessage::kMembership: {
-        const v1::Membership& membership = message.membership();
-        int32_t rank = -1;
-        for (const v1::NodeInfo& node : membership.nodes()) {
-          if (node.node_name() == node_name_) rank = node.rank_offset();
-        }
-        if (rank < 0) {
-          v1::Error error;
-          error.set_code(static_cast<int32_t>(absl::StatusCode::kInternal));
-          error.set_message("the membership does not list this node");
-          recorder_->ErrorReceived(node_name_, error);
-          return;
-        }
-        {
-          absl::MutexLock lock(&mu_);
-          generation_ = membership.generation();
-          rank_ = rank;
-        }
-        recorder_->MembershipReceived();
-        return;
-      }
-      case v1::CoordinatorMessage::kHeartbeatAck:
-        recorder_->HeartbeatAcked(message.heartbeat_ack().sent_unix_us(),
-                                  NowUnixMicros());
-        return;
-      case v1::CoordinatorMessage::kError:
-        recorder_->ErrorReceived(node_name_, message.error());
-        return;
-      case v1::CoordinatorMessage::kGenerationAborted: {
-        absl::MutexLock lock(&mu_);
-        rank_ = -1;
-        recorder_->Count(&LoadRecorder::Counters::aborted_generations);
-        return;
-      }
-      case v1::CoordinatorMessage::kPlan:
-        recorder_->Count(&LoadRecorder::Counters::plans);
-        return;
-      case v1::CoordinatorMessage::kJobEnded:
-        recorder_->Count(&LoadRecorder::Counters::job_ended);
-        return;
-      case v1::CoordinatorMessage::kShutdown:
-        recorder_->Count(&LoadRecorder::Counters::shutdowns);
-        return;
-      case v1::CoordinatorMessage::BODY_NOT_SET:
-        return;
-    }
-  }
-
-  void Send(v1::AgentMessage message) {
-    absl::ReleasableMutexLock lock(&mu_);
-    if (hold_released_ || leaving_ || stream_over_) return;
-    message.set_seq(++seq_);
-    outbound_.push_back(std::move(message));
-    Advance(lock);
-  }
-
-  // Starts the next write, or WritesDone once the LeaveJob is written, or
-  // gives up the hold once no more writes can happen. Releases `lock`.
-  void Advance(absl::ReleasableMutexLock& lock)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    bool write = false;
-    bool writes_done = false;
-    bool release_hold = false;
-    if (!write_in_flight_ && !hold_released_) {
-      if (stream_over_) {
-        outbound_.clear();
-        release_hold = true;
-      } else if (!outbound_.empty()) {
-        in_flight_ = std::move(outbound_.front());
-        outbound_.pop_front();
-        // The round trip starts when the heartbeat leaves the agent, not
-        // while it waits behind the agent's previous write (at the default
-        // intervals a step report falls due with every heartbeat).
-        if (in_flight_.has_heartbeat()) {
-          in_flight_.mutable_heartbeat()->set_sent_unix_us(
-              recorder_->StampHeartbeat());
-        }
-        write_in_flight_ = true;
-        write = true;
-      } else if (leaving_) {
-        writes_done = true;
-        release_hold = true;
-      }
-      hold_released_ = release_hold;
-    }
-    lock.Release();
-    if (write) StartWrite(&in_flight_);
-    if (writes_done) StartWritesDone();
-    if (release_hold) RemoveHold();
-  }
-
-  // Constant after construction.
-  const int32_t index_;
-  const int32_t nodes_;
-  const std::string node_name_;
-  LoadRecorder* const recorder_;
-  Ticker* const ticker_;
-  grpc::ClientContext context_;
-
-  // Only touched by StartRead and OnReadDone, which never overlap.
-  google::protobuf::Arena arena_;
-  v1::CoordinatorMessage* inbound_;
-
-  absl::Mutex mu_;
-  std::deque<v1::AgentMessage> outbound_ ABSL_GUARDED_BY(mu_);
-  // Untouched between its StartWrite and OnWriteDone.
-  v1::AgentMessage in_flight_ ABSL_GUARDED_BY(mu_);
-  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
-  bool leaving_ ABSL_GUARDED_BY(mu_) = false;
-  // The stream failed or the coordinator ended it: nothing more to write.
-  bool stream_over_ ABSL_GUARDED_BY(mu_) = false;
-  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
-  // From the latest membership; rank_ is -1 while not sealed.
-  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  int32_t rank_ ABSL_GUARDED_BY(mu_) = -1;
-  int64_t completed_step_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
-// The coordinator process as /proc shows it.
-struct ProcessSample {
-  bool ok = false;
-  double rss_mib = 0;
-  double hwm_mib = 0;
-  double cpu_s = 0;
-};
-
-ProcessSample SampleProcess(int pid) {
-  ProcessSample sample;
-  if (pid <= 0) return sample;
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  for (std::string line; std::getline(status, line);) {
-    std::istringstream fields(line);
-    std::string key;
-    double kib = 0;
-    fields >> key >> kib;
-    if (key == "VmRSS:") sample.rss_mib = kib / 1024;
-    if (key == "VmHWM:") sample.hwm_mib = kib / 1024;
-  }
-  std::ifstream stat_file(absl::StrCat("/proc/", pid, "/stat"));
-  const std::string stat((std::istreambuf_iterator<char>(stat_file)),
-                         std::istreambuf_iterator<char>());
-  // The command may contain spaces; fields after it start with the state
-  // (field 3), so utime (14) and stime (15) are the 12th and 13th.
-  const size_t comm_end = stat.rfind(')');
-  if (comm_end == std::string::npos) return sample;
-  std::istringstream fields(stat.substr(comm_end + 1));
-  std::vector<std::string> values;
-  for (std::string value; values.size() < 13 && fields >> value;) {
-    values.push_back(value);
-  }
-  if (values.size() < 13) return sample;
-  const double ticks = std::strtod(values[11].c_str(), nullptr) +
-                       std::strtod(values[12].c_str(), nullptr);
-  sample.cpu_s = ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-  sample.ok = true;
-  return sample;
-}
-
-double OwnCpuSeconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  const auto seconds = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6;
-  };
-  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
-}
 
 void RaiseFdLimit() {
   rlimit limit{};
@@ -916,8 +354,8 @@ int Main(int argc, char** argv) {
     agents[agent]->OnTimer(kind);
   });
   for (int i = 0; i < FLAGS_nodes; ++i) {
-    agents.push_back(
-        std::make_unique<SimulatedAgent>(i, FLAGS_nodes, &recorder, &ticker));
+    agents.push_back(std::make_unique<SimulatedAgent>(i, FLAGS_nodes, FLAGS_job,
+                                                      &recorder, &ticker));
   }
 
   // Sessions: every Hello answered before the first JoinJob.
@@ -1029,6 +467,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::bench
 
-int main(int argc, char** argv) { return baton::Main(argc, argv); }
+int main(int argc, char** argv) { return baton::bench::Main(argc, argv); }

@@ -1,0 +1,66 @@
+#pragma once
+
+#include <google/protobuf/repeated_field.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "baton/v1/common.pb.h"
+
+namespace baton {
+
+// What a tensor spec may be, what it occupies, and how it reads in errors:
+// the rules and the text the tensor plan shares between validating manifests,
+// recovering plans and describing mismatches. Pure functions; thread-safe.
+
+// Largest tensor a spec may describe, and most dimensions it may have.
+inline constexpr int64_t kMaxTensorBytes = int64_t{16} << 30;
+inline constexpr int kMaxTensorDims = 8;
+
+// The fields two declarations of one name can disagree on, as bits.
+enum SpecField : uint8_t { kDtype = 1, kShape = 2, kOp = 4 };
+inline constexpr SpecField kSpecFields[] = {kDtype, kShape, kOp};
+
+// Bytes per element of `dtype`; 0 for UNSPECIFIED or an unknown value.
+int64_t ElementSize(v1::DataType dtype);
+
+// OK when `spec` has a valid name, a known dtype, op push_pull or broadcast,
+// at most kMaxTensorDims dimensions, each >= 0, and holds at most
+// kMaxTensorBytes. Otherwise INVALID_ARGUMENT naming the field, with `what`
+// naming the spec ("Manifest.tensors[3]").
+absl::Status ValidateTensorSpec(const std::string& what,
+                                const v1::TensorSpec& spec);
+
+// Element count times element size of a spec whose dims are all >= 0, or -1
+// when that exceeds kMaxTensorBytes. A zero dim makes the tensor empty (0),
+// whatever the other dims; a scalar (no dims) is one element. Never
+// overflows, whatever the dims.
+int64_t TensorSizeBytes(const v1::TensorSpec& spec);
+
+// "float32"; "unspecified"; "42, not a known DataType".
+std::string DtypeText(v1::DataType dtype);
+// "push_pull", "broadcast"; "unspecified"; "7, not a known CollectiveOp".
+std::string OpText(v1::CollectiveOp op);
+// "[3, 4]"; "[]" for a scalar.
+std::string ShapeText(const v1::TensorSpec& spec);
+// `"w" (float32 [3, 4] push_pull)`, for errors that show a whole spec.
+std::string DescribeSpec(const v1::TensorSpec& spec);
+
+// "dtype", "shape" or "op".
+const char* SpecFieldName(SpecField field);
+// The value of `field` in `spec`, as DtypeText, ShapeText or OpText write it.
+std::string SpecFieldText(const v1::TensorSpec& spec, SpecField field);
+// The SpecFields in which `a` and `b` differ (names are not compared).
+uint8_t DiffSpecFields(const v1::TensorSpec& a, const v1::TensorSpec& b);
+// Same name, dtype, shape and op.
+bool SameSpec(const v1::TensorSpec& a, const v1::TensorSpec& b);
+
+// `ranks` (ascending) as "{0,1}" or "{0-7,16-23}": runs of three or more
+// consecutive ranks are shortened, and after `max_runs` runs the rest is
+// "...".
+std::string RanksText(const google::protobuf::RepeatedField<int32_t>& ranks,
+                      size_t max_runs);
+
+}  // namespace baton
