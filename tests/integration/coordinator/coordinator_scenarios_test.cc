@@ -89,6 +89,28 @@ class CoordinatorScenariosTest : public ::testing::Test {
     return reply ? *reply : v1::CoordinatorMessage();
   }
 
+  // Agents n0, n1, ... with these trainer counts form job "job" (joining in
+  // that order, data planes at 10.0.0.<i+1>:7000); returns once every agent
+  // has generation 1's membership.
+  struct FormedJob {
+    std::vector<std::unique_ptr<TestAgent>> agents;
+    v1::Membership membership;
+  };
+  FormedJob FormJob(const std::vector<int32_t>& local_sizes,
+                    int32_t min_nodes = 0, int64_t partition_bytes = 0) {
+    FormedJob formed;
+    const int32_t nodes = static_cast<int32_t>(local_sizes.size());
+    for (int32_t i = 0; i < nodes; ++i) {
+      formed.agents.push_back(Agent(absl::StrCat("n", i)));
+      JoinInOrder(*formed.agents.back(), "job",
+                  absl::StrCat("10.0.0.", i + 1, ":7000"), local_sizes[i],
+                  nodes, min_nodes, partition_bytes);
+    }
+    for (auto& agent : formed.agents)
+      formed.membership = AwaitMembership(*agent);
+    return formed;
+  }
+
   // Waits for the membership of `generation` on `agent`.
   v1::Membership AwaitMembership(TestAgent& agent, int64_t generation = 1) {
     auto message = agent.WaitFor(
@@ -198,11 +220,8 @@ TEST_F(CoordinatorScenariosTest, DuplicateNodeNameGetsAClearError) {
 }
 
 TEST_F(CoordinatorScenariosTest, AgreeingManifestsGiveEveryAgentTheSamePlan) {
-  auto a = Agent("n0"), b = Agent("n1");
-  JoinInOrder(*a, "job", "10.0.0.1:7000", 2, 2, 0, 1 << 20);
-  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2, 0, 1 << 20);
-  AwaitMembership(*a);
-  AwaitMembership(*b);
+  FormedJob job = FormJob({2, 1}, 0, 1 << 20);
+  std::unique_ptr<TestAgent>&a = job.agents[0], &b = job.agents[1];
   const std::vector<v1::TensorSpec> tensors = {
       Spec("layer1.weight", {1024, 768}), Spec("layer1.bias", {768})};
   a->Manifest("job", 1, tensors);
@@ -226,11 +245,8 @@ TEST_F(CoordinatorScenariosTest, AgreeingManifestsGiveEveryAgentTheSamePlan) {
 }
 
 TEST_F(CoordinatorScenariosTest, MismatchErrorNamesTensorBothValuesAndRanks) {
-  auto a = Agent("n0"), b = Agent("n1");
-  JoinInOrder(*a, "job", "10.0.0.1:7000", 2, 2);
-  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2);
-  AwaitMembership(*a);
-  AwaitMembership(*b);
+  FormedJob job = FormJob({2, 1});
+  std::unique_ptr<TestAgent>&a = job.agents[0], &b = job.agents[1];
   a->Manifest("job", 1, {Spec("fc.weight", {3, 4})});
   b->Manifest("job", 1, {Spec("fc.weight", {4, 3})});
   for (TestAgent* agent : {a.get(), b.get()}) {
@@ -282,10 +298,8 @@ TEST_F(CoordinatorScenariosTest,
 }
 
 TEST_F(CoordinatorScenariosTest, CrashedAgentIsLostAtOnce) {
-  auto a = Agent("n0"), b = Agent("n1");
-  JoinInOrder(*a, "job", "10.0.0.1:7000", 1, 2, /*min_nodes=*/1);
-  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2, 1);
-  AwaitMembership(*a);
+  FormedJob job = FormJob({1, 1}, /*min_nodes=*/1);
+  std::unique_ptr<TestAgent>&a = job.agents[0], &b = job.agents[1];
   b->Abort();
   auto notice =
       a->WaitForBody(v1::CoordinatorMessage::kGenerationAborted, kSlack);
@@ -299,10 +313,8 @@ TEST_F(CoordinatorScenariosTest, CrashedAgentIsLostAtOnce) {
 }
 
 TEST_F(CoordinatorScenariosTest, GlobalStepAndLagFollowTheSlowestRank) {
-  auto a = Agent("n0"), b = Agent("n1");
-  JoinInOrder(*a, "job", "10.0.0.1:7000", 2, 2);
-  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2);
-  AwaitMembership(*a);
+  FormedJob job = FormJob({2, 1});
+  std::unique_ptr<TestAgent>&a = job.agents[0], &b = job.agents[1];
   a->StepReport("job", 1, {{0, 12}, {1, 11}});
   b->StepReport("job", 1, {{2, 9}});
   const v1::JobStatus status = AwaitJob(
@@ -317,11 +329,8 @@ TEST_F(CoordinatorScenariosTest, GlobalStepAndLagFollowTheSlowestRank) {
 }
 
 TEST_F(CoordinatorScenariosTest, StallReportNamesTheMissingRanks) {
-  auto a = Agent("n0"), b = Agent("n1");
-  JoinInOrder(*a, "job", "10.0.0.1:7000", 2, 2);
-  JoinInOrder(*b, "job", "10.0.0.2:7000", 2, 2);
-  AwaitMembership(*a);
-  AwaitMembership(*b);
+  FormedJob job = FormJob({2, 2});
+  std::unique_ptr<TestAgent>&a = job.agents[0], &b = job.agents[1];
   const std::vector<v1::TensorSpec> tensors = {Spec("grad.w", {16})};
   a->Manifest("job", 1, tensors);
   b->Manifest("job", 1, tensors);
@@ -369,10 +378,8 @@ TEST_F(CoordinatorScenariosTest, StallReportNamesTheMissingRanks) {
 }
 
 TEST_F(CoordinatorScenariosTest, RendezvousStoreServesTheSealedGeneration) {
-  auto a = Agent("n0"), b = Agent("n1");
-  JoinInOrder(*a, "job", "10.0.0.1:7000", 1, 2);
-  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2);
-  AwaitMembership(*a);
+  FormedJob job = FormJob({1, 1});
+  std::unique_ptr<TestAgent>& b = job.agents[1];
 
   // A waiting Get is woken by a Set from another client.
   v1::StoreGetResponse got;
@@ -455,10 +462,9 @@ TEST_F(CoordinatorScenariosTest, UnknownJobAndBadJoinAreAnswered) {
 
 TEST_F(CoordinatorScenariosTest,
        RestartRebuildsRunningJobsFromReconnectingAgents) {
-  auto a = Agent("n0"), b = Agent("n1");
-  JoinInOrder(*a, "job", "10.0.0.1:7000", 2, 2);
-  JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 2);
-  const v1::Membership sealed = AwaitMembership(*a);
+  FormedJob job = FormJob({2, 1});
+  std::unique_ptr<TestAgent>&a = job.agents[0], &b = job.agents[1];
+  const v1::Membership& sealed = job.membership;
   const std::vector<v1::TensorSpec> tensors = {Spec("w", {8})};
   a->Manifest("job", 1, tensors);
   b->Manifest("job", 1, tensors);
