@@ -71,7 +71,8 @@ absl::Status ValidateTensorName(absl::string_view what,
   return absl::OkStatus();
 }
 
-absl::Status ValidateHostPort(absl::string_view what, absl::string_view value) {
+absl::Status ValidateHostPort(absl::string_view what, absl::string_view value,
+                              PortZero port_zero) {
   const auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, " ", Quote(value), " ", why, "; expected host:port"));
@@ -94,9 +95,11 @@ absl::Status ValidateHostPort(absl::string_view what, absl::string_view value) {
     }
   }
   uint32_t port = 0;
-  if (!absl::SimpleAtoi(value.substr(colon + 1), &port) || port == 0 ||
+  const uint32_t min_port = port_zero == PortZero::kAllowed ? 0 : 1;
+  if (!absl::SimpleAtoi(value.substr(colon + 1), &port) || port < min_port ||
       port > 65535) {
-    return bad("has a port outside 1..65535");
+    return bad(port_zero == PortZero::kAllowed ? "has a port outside 0..65535"
+                                               : "has a port outside 1..65535");
   }
   return absl::OkStatus();
 }

@@ -14,7 +14,14 @@ absl::Status ValidateIdentifier(absl::string_view what,
 absl::Status ValidateTensorName(absl::string_view what,
                                 absl::string_view value);
 
-// "host:port" or "[v6]:port" with a port in 1..65535.
-absl::Status ValidateHostPort(absl::string_view what, absl::string_view value);
+// Whether port 0 is acceptable: for a listen address (the kernel picks a
+// port) or a data-plane address whose ports are exchanged through the
+// rendezvous store (gloo binds one ephemeral port per peer connection).
+enum class PortZero { kRejected, kAllowed };
+
+// "host:port" or "[v6]:port" with a port in 1..65535 (0..65535 with
+// PortZero::kAllowed).
+absl::Status ValidateHostPort(absl::string_view what, absl::string_view value,
+                              PortZero port_zero = PortZero::kRejected);
 
 }  // namespace baton

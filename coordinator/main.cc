@@ -71,14 +71,9 @@ absl::Status Positive(const char* flag, int64_t value) {
       "--", flag, "=", value, " must be positive: give a value above 0"));
 }
 
-// ValidateHostPort wants a port in 1..65535; a listen address may also use
-// port 0 ("pick a free port").
+// A listen address may use port 0 ("pick a free port").
 absl::Status ValidateListenAddress(const std::string& value) {
-  const size_t colon = value.rfind(':');
-  if (colon != std::string::npos && value.substr(colon + 1) == "0") {
-    return ValidateHostPort("--listen", value.substr(0, colon) + ":1");
-  }
-  return ValidateHostPort("--listen", value);
+  return ValidateHostPort("--listen", value, PortZero::kAllowed);
 }
 
 absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {

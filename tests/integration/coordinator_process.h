@@ -3,30 +3,13 @@
 #include <sys/types.h>
 
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "tests/integration/child_process.h"
 
 namespace baton {
-
-// How a child process ended.
-struct ProcessExit {
-  // True when it exited (exit_code is valid), false when a signal killed it.
-  bool exited = false;
-  int exit_code = -1;
-  int signal = 0;
-  // From the signal that asked it to stop to its end.
-  absl::Duration elapsed;
-  // True when it did not end in time and was killed with SIGKILL.
-  bool timed_out = false;
-  // Sanitizer reports it printed on its stderr (the test has failed).
-  int sanitizer_reports = 0;
-
-  // For test messages: "exit 0 after 1.2s", "killed by signal 9 after 3s".
-  std::string ToString() const;
-};
 
 // A real baton-coordinator process (build/bin/baton-coordinator) for
 // integration tests, listening on 127.0.0.1. Its stderr goes to the test's
@@ -41,8 +24,6 @@ class CoordinatorProcess {
   CoordinatorProcess() = default;
   CoordinatorProcess(const CoordinatorProcess&) = delete;
   CoordinatorProcess& operator=(const CoordinatorProcess&) = delete;
-  // Kills the process if it is still running.
-  ~CoordinatorProcess();
 
   // Starts the coordinator with `flags` (each "--name=value") on `port` (0:
   // a free one; a previous port() to restart in place) and waits up to
@@ -59,8 +40,8 @@ class CoordinatorProcess {
   // SIGKILL (a crash), and reaps the process.
   ProcessExit Kill();
 
-  bool running() const { return pid_ > 0; }
-  pid_t pid() const { return pid_; }
+  bool running() const { return process_.running(); }
+  pid_t pid() const { return process_.pid(); }
   // "127.0.0.1:PORT" as printed by the coordinator; valid after Start.
   const std::string& address() const { return address_; }
   int port() const { return port_; }
@@ -69,18 +50,10 @@ class CoordinatorProcess {
   static std::string BinaryPath();
 
  private:
-  ProcessExit SignalAndWait(int signal, absl::Duration timeout);
-
-  pid_t pid_ = -1;
+  ChildProcess process_;
   std::string address_;
   int port_ = 0;
   std::string stderr_path_;
-
-  // Copies the running process's stderr; joined when the process is reaped.
-  std::thread stderr_copier_;
-  // Written by stderr_copier_; read after joining it.
-  int sanitizer_reports_ = 0;
-  std::string first_sanitizer_report_;
 };
 
 }  // namespace baton

@@ -51,11 +51,20 @@ TEST(ValidateHostPortTest, AcceptsHostnamesIpv4AndBracketedIpv6) {
 TEST(ValidateHostPortTest, RejectsMissingPartsAndBadPorts) {
   for (const char* bad : {"", "host", ":80", "host:", "host:0", "host:65536",
                           "host:http", "fe80::1:80", "a b:80"}) {
-    absl::Status status = ValidateHostPort("JoinJob.data_address", bad);
+    absl::Status status = ValidateHostPort("--listen", bad);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(status.message(), HasSubstr("JoinJob.data_address")) << bad;
+    EXPECT_THAT(status.message(), HasSubstr("--listen")) << bad;
     EXPECT_THAT(status.message(), HasSubstr("expected host:port")) << bad;
   }
+}
+
+TEST(ValidateHostPortTest, PortZeroOnlyWhereAllowed) {
+  EXPECT_TRUE(
+      ValidateHostPort("a", "10.0.0.1:0", PortZero::kAllowed).ok());
+  absl::Status status = ValidateHostPort("a", "10.0.0.1:0");
+  EXPECT_THAT(status.message(), HasSubstr("port outside 1..65535"));
+  status = ValidateHostPort("a", "10.0.0.1:65536", PortZero::kAllowed);
+  EXPECT_THAT(status.message(), HasSubstr("port outside 0..65535"));
 }
 
 }  // namespace

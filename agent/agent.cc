@@ -1,0 +1,192 @@
+#include "agent/agent.h"
+
+#include <unistd.h>
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "agent/rendezvous_client.h"
+#include "agent/transport/gloo/gloo_transport.h"
+#include "common/grpc_util.h"
+#include "common/shm.h"
+#include "common/validation.h"
+#include "glog/logging.h"
+
+namespace baton::agent {
+namespace {
+
+std::string RandomInstance() {
+  std::random_device device;
+  std::mt19937_64 rng(device());
+  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
+}
+
+// The job a coordinator message is about ("" when it names none).
+const std::string& JobOf(const v1::CoordinatorMessage& m) {
+  static const std::string kNone;
+  switch (m.body_case()) {
+    case v1::CoordinatorMessage::kJoinAccepted:
+      return m.join_accepted().job();
+    case v1::CoordinatorMessage::kMembership:
+      return m.membership().job();
+    case v1::CoordinatorMessage::kGenerationAborted:
+      return m.generation_aborted().job();
+    case v1::CoordinatorMessage::kPlan:
+      return m.plan().job();
+    case v1::CoordinatorMessage::kError:
+      return m.error().job();
+    case v1::CoordinatorMessage::kJobEnded:
+      return m.job_ended().job();
+    default:
+      return kNone;
+  }
+}
+
+}  // namespace
+
+Agent::Agent(AgentConfig config) : config_(std::move(config)) {}
+
+Agent::~Agent() { Shutdown(); }
+
+absl::Status Agent::Start() {
+  const int orphans = SharedMemory::RemoveOrphans();
+  if (orphans > 0) {
+    LOG(INFO) << "removed " << orphans
+              << " shared memory objects left by a killed agent";
+  }
+  auto transport = GlooTransport::Create(config_.data_host);
+  if (!transport.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(transport.status().message(), ": fix --data_host"));
+  }
+  transport_ = std::move(*transport);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(config_.reconnect_max_backoff.count()));
+  channel_ = grpc::CreateCustomChannel(
+      config_.coordinator, grpc::InsecureChannelCredentials(), args);
+  CoordinatorClient::Callbacks callbacks;
+  callbacks.on_session = [this](bool restarted) {
+    for (auto& job : Jobs()) job->OnCoordinatorSession(restarted);
+  };
+  callbacks.on_message = [this](const v1::CoordinatorMessage& m) {
+    RouteMessage(m);
+  };
+  coordinator_ = std::make_unique<CoordinatorClient>(
+      channel_, config_.node_name, RandomInstance(),
+      config_.reconnect_max_backoff, std::move(callbacks));
+
+  trainer_service_ = std::make_unique<TrainerService>(
+      [this](const std::string& job) { return FindOrCreateJob(job); });
+  EnableStandardServices();
+  grpc::ServerBuilder builder;
+  ApplyServerDefaults(builder, 16 << 20);
+  // A stale socket file from a killed agent would make the bind fail.
+  unlink(config_.socket_path.c_str());
+  builder.AddListeningPort("unix:" + config_.socket_path,
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(trainer_service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve trainers on unix socket ", config_.socket_path,
+        ": check that its directory exists and is writable (--socket)"));
+  }
+  coordinator_->Start();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
+    const std::string& job) {
+  absl::Status valid = ValidateIdentifier("AttachRequest.job", job);
+  if (!valid.ok()) return valid;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) {
+    return absl::UnavailableError("the agent is shutting down");
+  }
+  auto it = jobs_.find(job);
+  if (it != jobs_.end()) return it->second;
+  AgentJob::Environment env;
+  env.config = &config_;
+  env.coordinator = coordinator_.get();
+  env.transport = transport_.get();
+  env.store_factory = [this](const std::string& name, int64_t generation) {
+    return std::make_shared<RendezvousClient>(channel_, name, generation);
+  };
+  env.on_done = [this, job] {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.push_back(job);
+  };
+  auto created = std::make_shared<AgentJob>(job, std::move(env));
+  jobs_[job] = created;
+  return created;
+}
+
+std::vector<std::shared_ptr<AgentJob>> Agent::Jobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<AgentJob>> jobs;
+  for (auto& [name, job] : jobs_) jobs.push_back(job);
+  return jobs;
+}
+
+void Agent::RouteMessage(const v1::CoordinatorMessage& message) {
+  const std::string& name = JobOf(message);
+  std::shared_ptr<AgentJob> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(name);
+    if (it != jobs_.end()) job = it->second;
+  }
+  if (job) {
+    job->OnCoordinatorMessage(message);
+    return;
+  }
+  if (name.empty()) {
+    // An error about a request that names no job: every job checks whether
+    // it was its join.
+    for (auto& j : Jobs()) j->OnCoordinatorMessage(message);
+  }
+}
+
+void Agent::ReapJobs() {
+  std::vector<std::shared_ptr<AgentJob>> reaped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& name : done_) {
+      auto it = jobs_.find(name);
+      if (it == jobs_.end()) continue;
+      reaped.push_back(std::move(it->second));
+      jobs_.erase(it);
+    }
+    done_.clear();
+  }
+  // Destroyed here (or by the last trainer stream holding them), never on
+  // their own thread.
+  for (auto& job : reaped) {
+    LOG(INFO) << "job " << job->name() << " ended on this node";
+  }
+}
+
+void Agent::Shutdown() {
+  std::vector<std::shared_ptr<AgentJob>> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    for (auto& [name, job] : jobs_) jobs.push_back(std::move(job));
+    jobs_.clear();
+  }
+  // Destroying a job fails its operations and closes its trainers' streams.
+  jobs.clear();
+  if (server_)
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(2));
+  if (coordinator_) coordinator_->Stop();
+  unlink(config_.socket_path.c_str());
+}
+
+}  // namespace baton::agent

@@ -1,0 +1,35 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "agent/operation.h"
+
+namespace baton::agent {
+
+// The agent's configuration (flags, see agent/main.cc and
+// docs/operations.md). Constant after start.
+struct AgentConfig {
+  std::string coordinator;  // host:port
+  std::string node_name;
+  std::string socket_path;
+  // Address peers reach this node's data plane on (gloo binds here).
+  std::string data_host = "127.0.0.1";
+  SchedulingMode scheduling = SchedulingMode::kPriority;
+  int64_t credit_bytes = 16 << 20;
+  std::chrono::milliseconds op_timeout{60000};
+  // Data communicators per job (separate TCP connections, used in parallel).
+  int data_channels = 2;
+  std::chrono::microseconds active_cycle{200};
+  std::chrono::microseconds idle_cycle{5000};
+  std::chrono::milliseconds reconnect_max_backoff{2000};
+  // When set, each job appends its launches to
+  // <dir>/<job>.<node>.launches.
+  std::string launch_trace_dir;
+  // Shared memory names start with "/baton.<pid>." so that a restarted agent
+  // can remove what a killed one left.
+  int pid = 0;
+};
+
+}  // namespace baton::agent

@@ -1,0 +1,229 @@
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "agent/agent_config.h"
+#include "agent/data_plane.h"
+#include "agent/links.h"
+#include "agent/local_tensor.h"
+#include "agent/transport/transport.h"
+#include "baton/v1/coordinator.pb.h"
+#include "baton/v1/trainer.pb.h"
+
+namespace baton::agent {
+
+// Builds the rendezvous store of one (job, generation).
+using StoreFactory = std::function<std::shared_ptr<KeyValueStore>(
+    const std::string& job, int64_t generation)>;
+
+// One job on this node: its attached trainers, declared tensors, the
+// coordinator's membership and plan, the operations the trainers enqueue,
+// and the data plane of the current generation.
+//
+// Every public method posts to the job's own thread, which owns all state,
+// so none of them blocks on the network. Life of a job: trainers attach ->
+// all local ranks present: join -> membership: connect the data plane,
+// answer `attached` -> declarations, plan, enqueues, completions -> a lost
+// node: abort the generation, fail its operations, wait for the next
+// membership -> every trainer detached: leave.
+class AgentJob {
+ public:
+  struct Environment {
+    const AgentConfig* config = nullptr;
+    CoordinatorLink* coordinator = nullptr;
+    Transport* transport = nullptr;
+    StoreFactory store_factory;
+    // Called once from the job's thread when the job is over on this node;
+    // the owner then destroys the job from another thread.
+    std::function<void()> on_done;
+  };
+
+  AgentJob(std::string name, Environment env);
+  // Fails what is left (CANCELLED) and joins the threads.
+  ~AgentJob();
+
+  AgentJob(const AgentJob&) = delete;
+  AgentJob& operator=(const AgentJob&) = delete;
+
+  const std::string& name() const { return name_; }
+
+  // Trainer requests. `sink` identifies the trainer's stream.
+  void Attach(std::shared_ptr<TrainerSink> sink, uint64_t seq,
+              v1::AttachRequest request);
+  void Declare(TrainerSink* sink, uint64_t seq, v1::DeclareRequest request);
+  void Enqueue(TrainerSink* sink, uint64_t seq, v1::EnqueueRequest request);
+  void Detach(TrainerSink* sink, uint64_t seq, v1::DetachRequest request);
+  // The trainer's stream closed without a detach.
+  void TrainerGone(TrainerSink* sink);
+
+  // Coordinator messages about this job.
+  void OnCoordinatorMessage(v1::CoordinatorMessage message);
+  // A coordinator session (re)opened; `restarted`: a new coordinator
+  // process, which must be told the job's state.
+  void OnCoordinatorSession(bool restarted);
+
+ private:
+  enum class State {
+    kAttaching,  // waiting for every local rank
+    kJoining,    // joined, waiting for the generation to be sealed
+    kRunning,    // sealed generation
+    kReforming,  // generation aborted, waiting for the next
+    kDone,
+  };
+  struct Trainer {
+    std::shared_ptr<TrainerSink> sink;
+    int64_t pid = 0;
+    int32_t declared = 0;
+    bool detached = false;
+    bool finished = false;
+    // Last step this rank finished of any tensor; -1 before the first.
+    int64_t completed_step = -1;
+  };
+  // One local rank's enqueue of a tensor, waiting for the other local ranks.
+  struct Enqueued {
+    bool present = false;
+    v1::EnqueueRequest request;
+  };
+  struct PendingOp {
+    uint64_t id = 0;
+    int32_t index = 0;
+    int64_t step = 0;
+    int64_t generation = 0;
+    std::chrono::steady_clock::time_point first_enqueued;
+    std::chrono::steady_clock::time_point ready;
+    std::vector<Enqueued> ranks;
+    // Built once every local rank enqueued.
+    std::shared_ptr<const Operation> op;
+    // Submitted to this data plane (nullptr: waiting for one).
+    DataPlane* data_plane = nullptr;
+    // The trainers were told it failed while a data plane still held it: the
+    // record stays, as a lease on the tensor's buffers, until op_done.
+    bool notified = false;
+  };
+  using Clock = std::chrono::steady_clock;
+
+  // The job thread.
+  void Post(std::function<void()> task);
+  void Loop();
+  void OnTimer(Clock::time_point now);
+
+  // agent_job.cc: trainers, declarations, operations.
+  void HandleAttach(std::shared_ptr<TrainerSink> sink, uint64_t seq,
+                    const v1::AttachRequest& request);
+  void HandleDeclare(TrainerSink* sink, uint64_t seq,
+                     const v1::DeclareRequest& request);
+  void HandleEnqueue(TrainerSink* sink, const v1::EnqueueRequest& request);
+  void HandleDetach(TrainerSink* sink, const v1::DetachRequest& request);
+  void HandleTrainerGone(TrainerSink* sink);
+  absl::Status ValidateEnqueue(int32_t rank, const v1::EnqueueRequest& r);
+  void MakeReady(PendingOp& pending);
+  void TrySubmit(PendingOp& pending);
+  void SubmitWaiting();
+  void OnOpDone(uint64_t id, absl::Status status);
+  // Tells the trainers the outcome and forgets the operation.
+  void FinishOp(PendingOp& pending, const absl::Status& status);
+  // Fails it now even if a data plane still holds its buffers (then the
+  // tensor stays leased until that data plane lets go).
+  void FailNow(PendingOp& pending, const absl::Status& status);
+  void Notify(PendingOp& pending, const absl::Status& status);
+  void FailOp(int32_t rank, const v1::EnqueueRequest& request,
+              const absl::Status& status);
+  int32_t RankOf(const TrainerSink* sink) const;
+  void SendToAll(const v1::TrainerEvent& event);
+  // Ends the job on this node: fails every operation, closes every stream.
+  void End(const absl::Status& status);
+  void LeaveAndEnd(const absl::Status& status, bool finished);
+
+  // agent_job_membership.cc: coordinator messages and the data plane.
+  void HandleCoordinatorMessage(const v1::CoordinatorMessage& message);
+  void HandleMembership(const v1::Membership& membership);
+  void HandlePlan(const v1::TensorPlan& plan);
+  void HandleGenerationAborted(const v1::GenerationAborted& aborted);
+  void HandleError(uint64_t reply_to, const v1::Error& error);
+  void HandleSession(bool restarted);
+  void SendJoin();
+  void SendManifest();
+  void SendReport();
+  void ConnectDataPlane();
+  void OnDataPlaneConnected(
+      int64_t generation,
+      absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> comms);
+  void OnDataPlaneStopped(DataPlane* plane, absl::Status status);
+  void RetireDataPlane(absl::Status status);
+  // Fails every operation of `generation` now (FailNow), including those
+  // still waiting for some local ranks.
+  void FailGeneration(int64_t generation, const absl::Status& status);
+  void SendAttached();
+  v1::Attached AttachedFor(int32_t local_rank) const;
+  int64_t CompletedStep() const;
+
+  const std::string name_;
+  const Environment env_;
+  const AgentConfig& config_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Everything below is owned by the job thread.
+  State state_ = State::kAttaching;
+  v1::AttachRequest params_;  // the first attach; the others must agree
+  SchedulingMode mode_ = SchedulingMode::kPriority;
+  std::vector<Trainer> trainers_;
+  int32_t attached_ = 0;
+  std::vector<std::unique_ptr<LocalTensor>> tensors_;
+  int32_t manifest_sent_ = 0;
+  uint64_t join_seq_ = 0;
+  uint64_t rejoin_seq_ = 0;
+  std::optional<v1::Membership> membership_;
+  int32_t node_rank_ = -1;
+  int32_t rank_offset_ = 0;
+  std::optional<v1::TensorPlan> plan_;
+  int64_t partition_bytes_ = 0;
+  // tensor id -> declaration index.
+  absl::flat_hash_map<uint32_t, int32_t> index_of_id_;
+  // Operations by id, and each tensor's operation (at most one at a time).
+  absl::flat_hash_map<uint64_t, PendingOp> ops_;
+  std::vector<uint64_t> op_of_tensor_;
+  // Per tensor: a failed operation still inside an old data plane (0: none);
+  // the tensor's next operation waits for it.
+  std::vector<uint64_t> lease_of_tensor_;
+  std::unique_ptr<DataPlane> data_plane_;
+  // Data planes of aborted generations, until their threads exit.
+  std::vector<std::unique_ptr<DataPlane>> retired_;
+  // Generation aborted by the coordinator -> the status its operations fail
+  // with (names the lost node).
+  absl::flat_hash_map<int64_t, absl::Status> aborted_;
+  // Set when the data plane failed on its own: operation failures are held
+  // until the coordinator names a lost node or the grace period ends.
+  std::optional<absl::Status> data_plane_failure_;
+  Clock::time_point failure_deadline_;
+  std::vector<std::pair<uint64_t, absl::Status>> held_failures_;
+  Clock::time_point next_report_;
+  int64_t reported_bytes_done_ = 0;
+  Clock::time_point reported_at_;
+  std::FILE* launch_trace_ = nullptr;
+  bool done_reported_ = false;
+
+  std::thread thread_;
+  // Data-plane connects run on their own threads, so the job thread never
+  // blocks on peers; joined when the job is destroyed.
+  std::vector<std::thread> connectors_;
+};
+
+}  // namespace baton::agent

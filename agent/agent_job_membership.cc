@@ -1,0 +1,466 @@
+// The coordinator's side of a job on this node: joining, membership and
+// generations, the tensor plan, reports, and the data plane's life.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/agent_job.h"
+#include "glog/logging.h"
+
+namespace baton::agent {
+
+void AgentJob::HandleCoordinatorMessage(const v1::CoordinatorMessage& m) {
+  if (state_ == State::kDone) return;
+  switch (m.body_case()) {
+    case v1::CoordinatorMessage::kJoinAccepted:
+      VLOG(1) << "job " << name_ << ": joined, "
+              << m.join_accepted().nodes_joined() << "/"
+              << m.join_accepted().expected_nodes() << " nodes";
+      break;
+    case v1::CoordinatorMessage::kMembership:
+      HandleMembership(m.membership());
+      break;
+    case v1::CoordinatorMessage::kPlan:
+      HandlePlan(m.plan());
+      break;
+    case v1::CoordinatorMessage::kGenerationAborted:
+      HandleGenerationAborted(m.generation_aborted());
+      break;
+    case v1::CoordinatorMessage::kError:
+      HandleError(m.reply_to(), m.error());
+      break;
+    case v1::CoordinatorMessage::kJobEnded: {
+      const v1::JobEnded& ended = m.job_ended();
+      const absl::Status status =
+          ended.state() == v1::JOB_STATE_FINISHED
+              ? absl::FailedPreconditionError(absl::StrCat(
+                    "job \"", name_, "\" finished: ", ended.reason()))
+              : absl::AbortedError(absl::StrCat("job \"", name_,
+                                                "\" failed: ", ended.reason()));
+      End(status);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void AgentJob::SendJoin() {
+  v1::AgentMessage message;
+  v1::JoinJob* join = message.mutable_join();
+  join->set_job(name_);
+  join->set_data_address(config_.data_host + ":0");
+  join->set_local_size(params_.local_size());
+  join->set_expected_nodes(params_.expected_nodes());
+  join->set_min_nodes(params_.min_nodes());
+  join->set_partition_bytes(params_.partition_bytes());
+  join_seq_ = env_.coordinator->Send(std::move(message));
+}
+
+void AgentJob::HandleSession(bool restarted) {
+  if (state_ == State::kJoining) {
+    SendJoin();
+    return;
+  }
+  if (!membership_ ||
+      (state_ != State::kRunning && state_ != State::kReforming)) {
+    return;
+  }
+  // Re-report the generation we run; the coordinator rebuilds the job from
+  // it (restarted) or tells us it moved on (then we join afresh).
+  v1::AgentMessage message;
+  v1::RejoinJob* rejoin = message.mutable_rejoin();
+  *rejoin->mutable_membership() = *membership_;
+  if (plan_) *rejoin->mutable_plan() = *plan_;
+  rejoin->set_completed_step(CompletedStep());
+  rejoin->set_expected_nodes(params_.expected_nodes());
+  rejoin->set_min_nodes(params_.min_nodes());
+  rejoin->set_partition_bytes(partition_bytes_);
+  rejoin_seq_ = env_.coordinator->Send(std::move(message));
+  manifest_sent_ = 0;
+  SendManifest();
+  LOG(INFO) << "job " << name_ << ": "
+            << (restarted ? "coordinator restarted" : "session reopened")
+            << "; re-reported generation " << membership_->generation();
+}
+
+void AgentJob::HandleMembership(const v1::Membership& m) {
+  if (membership_ && m.generation() <= membership_->generation()) return;
+  int32_t node_rank = -1;
+  int32_t rank_offset = 0;
+  for (const v1::NodeInfo& node : m.nodes()) {
+    if (node.node_name() == config_.node_name) {
+      node_rank = node.node_rank();
+      rank_offset = node.rank_offset();
+      if (node.local_size() != params_.local_size()) node_rank = -2;
+    }
+  }
+  if (node_rank < 0) {
+    End(absl::InternalError(absl::StrCat(
+        "the coordinator sealed generation ", m.generation(), " of job \"",
+        name_, "\" ",
+        node_rank == -1 ? "without this node" : "with a wrong local_size",
+        "; report this as a bug")));
+    return;
+  }
+  if (data_plane_) {
+    RetireDataPlane(absl::AbortedError(absl::StrCat(
+        "job \"", name_, "\" moved to generation ", m.generation())));
+  }
+  membership_ = m;
+  node_rank_ = node_rank;
+  rank_offset_ = rank_offset;
+  state_ = State::kRunning;
+  data_plane_failure_.reset();
+  manifest_sent_ = 0;
+  LOG(INFO) << "job " << name_ << ": generation " << m.generation()
+            << " sealed, node rank " << node_rank << " of " << m.nodes_size()
+            << ", world size " << m.world_size();
+  SendAttached();
+  SendManifest();
+  ConnectDataPlane();
+}
+
+v1::Attached AgentJob::AttachedFor(int32_t local_rank) const {
+  v1::Attached a;
+  a.set_job(name_);
+  a.set_generation(membership_->generation());
+  a.set_rank(rank_offset_ + local_rank);
+  a.set_size(membership_->world_size());
+  a.set_local_rank(local_rank);
+  a.set_local_size(params_.local_size());
+  a.set_node_rank(node_rank_);
+  a.set_num_nodes(membership_->nodes_size());
+  a.set_scheduling(SchedulingModeName(mode_));
+  return a;
+}
+
+void AgentJob::SendAttached() {
+  for (size_t r = 0; r < trainers_.size(); ++r) {
+    Trainer& trainer = trainers_[r];
+    if (!trainer.sink || trainer.detached) continue;
+    v1::TrainerEvent event;
+    *event.mutable_attached() = AttachedFor(static_cast<int32_t>(r));
+    trainer.sink->Send(std::move(event));
+  }
+}
+
+void AgentJob::SendManifest() {
+  if (!membership_ || state_ != State::kRunning) return;
+  int32_t complete = 0;
+  while (complete < static_cast<int32_t>(tensors_.size()) &&
+         tensors_[complete]->declared_by == params_.local_size()) {
+    ++complete;
+  }
+  if (complete == manifest_sent_) return;
+  v1::AgentMessage message;
+  v1::Manifest* manifest = message.mutable_manifest();
+  manifest->set_job(name_);
+  manifest->set_generation(membership_->generation());
+  for (int32_t i = 0; i < complete; ++i) {
+    *manifest->add_tensors() = tensors_[i]->spec;
+  }
+  env_.coordinator->Send(std::move(message));
+  manifest_sent_ = complete;
+}
+
+void AgentJob::HandlePlan(const v1::TensorPlan& plan) {
+  if (plan_ && plan.version() < plan_->version()) return;
+  plan_ = plan;
+  partition_bytes_ = plan.partition_bytes();
+  for (const v1::TensorPlanEntry& entry : plan.tensors()) {
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      LocalTensor& tensor = *tensors_[i];
+      if (tensor.spec.name() != entry.spec().name()) continue;
+      tensor.tensor_id = entry.tensor_id();
+      tensor.priority = entry.priority();
+      index_of_id_[entry.tensor_id()] = static_cast<int32_t>(i);
+    }
+  }
+  // Ids are dense from 0; the data plane negotiates over the ids every
+  // node knows.
+  if (data_plane_) data_plane_->SetKnownTensors(plan.tensors_size());
+  SubmitWaiting();
+}
+
+void AgentJob::HandleGenerationAborted(const v1::GenerationAborted& a) {
+  if (!membership_ || a.aborted_generation() != membership_->generation()) {
+    return;
+  }
+  const absl::Status status = absl::AbortedError(absl::StrCat(
+      "generation ", a.aborted_generation(), " of job \"", name_,
+      "\" was aborted",
+      a.lost_node().empty()
+          ? ""
+          : absl::StrCat(": node ", a.lost_node(), " was lost"),
+      a.reason().empty() ? "" : absl::StrCat(" (", a.reason(), ")"),
+      "; re-sync and retry in the next generation"));
+  aborted_[a.aborted_generation()] = status;
+  LOG(WARNING) << status.message();
+  state_ = State::kReforming;
+  if (data_plane_) RetireDataPlane(status);
+  // Failures held while waiting for this news now name the lost node.
+  data_plane_failure_.reset();
+  auto held = std::move(held_failures_);
+  held_failures_.clear();
+  for (auto& [id, failure] : held) OnOpDone(id, failure);
+  // Every ready operation of the aborted generation fails now, including
+  // those a collective of the old data plane may still hold for a while
+  // (their tensors stay leased until it lets go); the trainers retry them in
+  // the next generation.
+  FailGeneration(a.aborted_generation(), status);
+  v1::TrainerEvent event;
+  *event.mutable_generation_aborted() = a;
+  SendToAll(event);
+}
+
+void AgentJob::HandleError(uint64_t reply_to, const v1::Error& error) {
+  const absl::Status status(static_cast<absl::StatusCode>(error.code()),
+                            error.message());
+  if (error.has_mismatch()) {
+    const v1::TensorMismatch& mismatch = error.mismatch();
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      LocalTensor& tensor = *tensors_[i];
+      if (tensor.spec.name() != mismatch.tensor()) continue;
+      tensor.mismatch = absl::FailedPreconditionError(error.message());
+      const uint64_t id = op_of_tensor_[i];
+      if (id != 0 && ops_.at(id).data_plane == nullptr) {
+        FinishOp(ops_.at(id), tensor.mismatch);
+      }
+    }
+    LOG(ERROR) << "job " << name_ << ": " << error.message();
+    return;
+  }
+  if (reply_to != 0 && reply_to == join_seq_) {
+    LOG(ERROR) << "job " << name_ << ": join refused: " << error.message();
+    End(status);
+    return;
+  }
+  if (reply_to != 0 && reply_to == rejoin_seq_) {
+    // The coordinator moved on without us (it declared this node lost while
+    // the session was down): drop the generation and join afresh.
+    LOG(WARNING) << "job " << name_ << ": rejoin refused (" << error.message()
+                 << "); joining again";
+    const absl::Status aborted = absl::AbortedError(
+        absl::StrCat("this node lost its coordinator session and generation ",
+                     membership_ ? membership_->generation() : 0, " of job \"",
+                     name_, "\" moved on without it (", error.message(),
+                     "); re-sync and retry in the next generation"));
+    if (membership_) aborted_[membership_->generation()] = aborted;
+    if (data_plane_) RetireDataPlane(aborted);
+    state_ = State::kJoining;
+    SendJoin();
+    return;
+  }
+  LOG(WARNING) << "job " << name_ << ": coordinator error: " << error.message();
+}
+
+void AgentJob::ConnectDataPlane() {
+  const v1::Membership m = *membership_;
+  ConnectRequest request;
+  request.node_rank = node_rank_;
+  request.num_nodes = m.nodes_size();
+  request.prefix = m.store_prefix() + "/data";
+  request.store = env_.store_factory(name_, m.generation());
+  // One negotiation communicator plus the data communicators.
+  request.count = 1 + config_.data_channels;
+  request.timeout = config_.op_timeout;
+  const int64_t generation = m.generation();
+  connectors_.emplace_back([this, request, generation] {
+    // std::function needs a copyable task: share the move-only result.
+    auto comms = std::make_shared<
+        absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>>(
+        env_.transport->Connect(request));
+    Post([this, generation, comms] {
+      OnDataPlaneConnected(generation, std::move(*comms));
+    });
+  });
+}
+
+void AgentJob::OnDataPlaneConnected(
+    int64_t generation,
+    absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> comms) {
+  if (state_ != State::kRunning || !membership_ ||
+      membership_->generation() != generation) {
+    return;  // a newer generation replaced it; the comms close here
+  }
+  if (!comms.ok()) {
+    if (comms.status().code() == absl::StatusCode::kAborted) return;
+    OnDataPlaneStopped(
+        nullptr,
+        absl::Status(comms.status().code(),
+                     absl::StrCat("connecting the data plane "
+                                  "of generation ",
+                                  generation, ": ", comms.status().message())));
+    return;
+  }
+  std::vector<std::unique_ptr<Communicator>> all = std::move(*comms);
+  std::unique_ptr<Communicator> negotiation = std::move(all.front());
+  all.erase(all.begin());
+  DataPlaneOptions options;
+  options.job = name_;
+  options.generation = generation;
+  options.node_rank = node_rank_;
+  options.num_nodes = membership_->nodes_size();
+  options.world_size = membership_->world_size();
+  options.mode = mode_;
+  options.credit_bytes = config_.credit_bytes;
+  options.op_timeout = config_.op_timeout;
+  options.active_cycle = config_.active_cycle;
+  options.idle_cycle = config_.idle_cycle;
+  options.launch_trace = launch_trace_;
+  DataPlane::Callbacks callbacks;
+  callbacks.op_done = [this](uint64_t id, absl::Status status) {
+    Post([this, id, status = std::move(status)]() mutable {
+      OnOpDone(id, std::move(status));
+    });
+  };
+  auto plane_ptr = std::make_shared<DataPlane*>(nullptr);
+  callbacks.stopped = [this, plane_ptr](absl::Status status) {
+    Post([this, plane_ptr, status = std::move(status)] {
+      OnDataPlaneStopped(*plane_ptr, status);
+    });
+  };
+  data_plane_ =
+      std::make_unique<DataPlane>(std::move(options), std::move(negotiation),
+                                  std::move(all), std::move(callbacks));
+  *plane_ptr = data_plane_.get();
+  if (plan_) data_plane_->SetKnownTensors(plan_->tensors_size());
+  LOG(INFO) << "job " << name_ << ": data plane of generation " << generation
+            << " connected";
+  SubmitWaiting();
+}
+
+void AgentJob::OnDataPlaneStopped(DataPlane* plane, absl::Status status) {
+  if (plane != nullptr && plane != data_plane_.get()) return;  // retired
+  if (state_ != State::kRunning) return;
+  LOG(WARNING) << "job " << name_
+               << ": data plane stopped: " << status.message();
+  if (data_plane_) RetireDataPlane(status);
+  const bool transport = status.code() == absl::StatusCode::kUnavailable ||
+                         status.code() == absl::StatusCode::kDeadlineExceeded;
+  if (!transport) {
+    // A node left or the nodes disagree: nothing to wait for.
+    FailGeneration(membership_->generation(), status);
+    return;
+  }
+  // A lost node usually explains this within the liveness bound; until then
+  // failures are held so that they can name it.
+  data_plane_failure_ = status;
+  failure_deadline_ = Clock::now() + env_.coordinator->liveness_timeout();
+}
+
+void AgentJob::FailGeneration(int64_t generation, const absl::Status& status) {
+  std::vector<uint64_t> ids;
+  for (auto& [id, pending] : ops_) {
+    if (!pending.notified && pending.generation == generation) {
+      ids.push_back(id);
+    }
+  }
+  for (uint64_t id : ids) FailNow(ops_.at(id), status);
+}
+
+void AgentJob::RetireDataPlane(absl::Status status) {
+  data_plane_->Abort(std::move(status));
+  retired_.push_back(std::move(data_plane_));
+}
+
+int64_t AgentJob::CompletedStep() const {
+  int64_t step = -1;
+  bool first = true;
+  for (const Trainer& t : trainers_) {
+    step = first ? t.completed_step : std::min(step, t.completed_step);
+    first = false;
+  }
+  return step;
+}
+
+void AgentJob::SendReport() {
+  if (!membership_ || state_ != State::kRunning) return;
+  v1::AgentMessage message;
+  v1::StepReport* report = message.mutable_step_report();
+  report->set_job(name_);
+  report->set_generation(membership_->generation());
+  for (size_t r = 0; r < trainers_.size(); ++r) {
+    // A rank's last step all of whose operations completed: one below its
+    // oldest pending operation, if any.
+    int64_t completed = trainers_[r].completed_step;
+    for (const auto& [id, pending] : ops_) {
+      if (pending.ranks[r].present) {
+        completed = std::min(completed, pending.step - 1);
+      }
+    }
+    v1::RankProgress* progress = report->add_ranks();
+    progress->set_rank(rank_offset_ + static_cast<int32_t>(r));
+    progress->set_completed_step(completed);
+  }
+  const Clock::time_point now = Clock::now();
+  for (const auto& [id, pending] : ops_) {
+    const LocalTensor& tensor = *tensors_[pending.index];
+    if (tensor.tensor_id < 0) continue;
+    v1::PendingTensor* p = report->add_pending();
+    p->set_tensor_id(static_cast<uint32_t>(tensor.tensor_id));
+    p->set_step(pending.step);
+    for (size_t r = 0; r < pending.ranks.size(); ++r) {
+      if (pending.ranks[r].present) {
+        p->add_submitted_ranks(rank_offset_ + static_cast<int32_t>(r));
+      }
+    }
+    p->set_waiting_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                          now - pending.first_enqueued)
+                          .count());
+  }
+  v1::AgentStats* stats = report->mutable_stats();
+  if (data_plane_) {
+    const DataPlane::Stats s = data_plane_->stats();
+    stats->set_queue_depth(s.queue_depth);
+    stats->set_bytes_in_flight(s.bytes_in_flight);
+    const double seconds =
+        std::chrono::duration<double>(now - reported_at_).count();
+    if (seconds > 0 && s.bytes_done >= reported_bytes_done_) {
+      stats->set_throughput_bytes_per_second(
+          static_cast<double>(s.bytes_done - reported_bytes_done_) / seconds);
+    }
+    reported_bytes_done_ = s.bytes_done;
+  }
+  reported_at_ = now;
+  env_.coordinator->Send(std::move(message));
+}
+
+void AgentJob::OnTimer(Clock::time_point now) {
+  if (data_plane_failure_ && now >= failure_deadline_) {
+    // No lost node was announced: the failure is the data plane's own.
+    // Report it to the trainers, then force a new generation (the
+    // communicators are rebuilt there) by leaving and joining again.
+    const absl::Status status = *data_plane_failure_;
+    data_plane_failure_.reset();
+    auto held = std::move(held_failures_);
+    held_failures_.clear();
+    for (auto& [id, failure] : held) OnOpDone(id, failure);
+    if (state_ == State::kRunning && membership_) {
+      aborted_[membership_->generation()] = status;
+      FailGeneration(membership_->generation(), status);
+      v1::AgentMessage message;
+      v1::LeaveJob* leave = message.mutable_leave();
+      leave->set_job(name_);
+      leave->set_generation(membership_->generation());
+      leave->set_reason(std::string(status.message()));
+      env_.coordinator->Send(std::move(message));
+      state_ = State::kJoining;
+      SendJoin();
+    }
+  }
+  // Retired data planes whose threads exited can go.
+  retired_.erase(std::remove_if(retired_.begin(), retired_.end(),
+                                [](const std::unique_ptr<DataPlane>& p) {
+                                  return p->finished();
+                                }),
+                 retired_.end());
+  if (now >= next_report_) {
+    SendReport();
+    next_report_ = now + env_.coordinator->report_interval();
+  }
+}
+
+}  // namespace baton::agent

@@ -1,0 +1,180 @@
+#include "agent/coordinator_client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "glog/logging.h"
+
+namespace baton::agent {
+
+CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::Channel> channel,
+                                     std::string node_name,
+                                     std::string agent_instance,
+                                     std::chrono::milliseconds max_backoff,
+                                     Callbacks callbacks)
+    : channel_(std::move(channel)),
+      stub_(v1::Coordinator::NewStub(channel_)),
+      node_name_(std::move(node_name)),
+      agent_instance_(std::move(agent_instance)),
+      max_backoff_(max_backoff),
+      callbacks_(std::move(callbacks)) {}
+
+CoordinatorClient::~CoordinatorClient() { Stop(); }
+
+void CoordinatorClient::Start() {
+  reader_ = std::thread([this] { Run(); });
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+void CoordinatorClient::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && !reader_.joinable()) return;
+    stop_ = true;
+    if (context_ != nullptr) context_->TryCancel();
+    cv_.notify_all();
+  }
+  if (reader_.joinable()) reader_.join();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+bool CoordinatorClient::connected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stream_ != nullptr;
+}
+
+std::chrono::milliseconds CoordinatorClient::liveness_timeout() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return liveness_timeout_;
+}
+
+std::chrono::milliseconds CoordinatorClient::report_interval() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return report_interval_;
+}
+
+uint64_t CoordinatorClient::Send(v1::AgentMessage message) {
+  std::lock_guard<std::mutex> write_lock(write_mu_);
+  grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>* stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    message.set_seq(++seq_);
+    stream = stream_;
+    last_sent_ = std::chrono::steady_clock::now();
+  }
+  if (stream == nullptr) {
+    VLOG(1) << "coordinator session down; dropped " << message.body_case();
+    return message.seq();
+  }
+  // A failed write shows up as the end of the reader's stream.
+  stream->Write(message);
+  return message.seq();
+}
+
+void CoordinatorClient::Run() {
+  std::chrono::milliseconds backoff{100};
+  while (true) {
+    const std::chrono::milliseconds wait = RunSession();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stop_) return;
+    backoff = wait.count() > 0 ? wait : std::min(backoff * 2, max_backoff_);
+    cv_.wait_for(lock, backoff, [this] { return stop_; });
+    if (stop_) return;
+  }
+}
+
+std::chrono::milliseconds CoordinatorClient::RunSession() {
+  grpc::ClientContext context;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return std::chrono::milliseconds(0);
+    context_ = &context;
+  }
+  auto stream = stub_->AgentSession(&context);
+  std::chrono::milliseconds retry_after{0};
+  v1::AgentMessage hello;
+  hello.mutable_hello()->set_node_name(node_name_);
+  hello.mutable_hello()->set_agent_instance(agent_instance_);
+  hello.mutable_hello()->set_agent_version("baton-agent 0.1");
+  v1::CoordinatorMessage message;
+  bool accepted = false;
+  if (stream->Write(hello) && stream->Read(&message) &&
+      message.has_session_accepted()) {
+    const v1::SessionAccepted& a = message.session_accepted();
+    bool restarted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      restarted = !coordinator_instance_.empty() &&
+                  coordinator_instance_ != a.coordinator_instance();
+      coordinator_instance_ = a.coordinator_instance();
+      if (a.heartbeat_interval_ms() > 0) {
+        heartbeat_interval_ =
+            std::chrono::milliseconds(a.heartbeat_interval_ms());
+      }
+      if (a.liveness_timeout_ms() > 0) {
+        liveness_timeout_ = std::chrono::milliseconds(a.liveness_timeout_ms());
+      }
+      if (a.report_interval_ms() > 0) {
+        report_interval_ = std::chrono::milliseconds(a.report_interval_ms());
+      }
+      stream_ = stream.get();
+      last_sent_ = std::chrono::steady_clock::now();
+      cv_.notify_all();
+    }
+    accepted = true;
+    LOG(INFO) << "coordinator session " << a.session_id() << " accepted"
+              << (restarted ? " (coordinator restarted)" : "");
+    callbacks_.on_session(restarted);
+    while (stream->Read(&message)) {
+      if (message.has_shutdown()) {
+        retry_after =
+            std::chrono::milliseconds(message.shutdown().retry_after_ms());
+        LOG(INFO) << "coordinator shutting down ("
+                  << message.shutdown().reason() << "); reconnecting in "
+                  << retry_after.count() << " ms";
+        context.TryCancel();
+        break;
+      }
+      if (message.has_heartbeat_ack()) continue;
+      callbacks_.on_message(message);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> write_lock(write_mu_);
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_ = nullptr;
+    context_ = nullptr;
+  }
+  const grpc::Status status = stream->Finish();
+  if (accepted) {
+    LOG(WARNING) << "coordinator session ended: " << status.error_message()
+                 << "; reconnecting";
+  } else {
+    VLOG(1) << "coordinator not reachable: " << status.error_message();
+  }
+  return retry_after;
+}
+
+void CoordinatorClient::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    const auto due = last_sent_ + heartbeat_interval_;
+    if (stream_ != nullptr && std::chrono::steady_clock::now() >= due) {
+      lock.unlock();
+      v1::AgentMessage message;
+      message.mutable_heartbeat()->set_sent_unix_us(
+          absl::ToUnixMicros(absl::Now()));
+      Send(std::move(message));
+      lock.lock();
+      continue;
+    }
+    cv_.wait_until(lock,
+                   stream_ != nullptr
+                       ? due
+                       : std::chrono::steady_clock::now() + heartbeat_interval_,
+                   [this] { return stop_; });
+  }
+}
+
+}  // namespace baton::agent

@@ -1,0 +1,409 @@
+#include "agent/data_plane.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "agent/reduce.h"
+#include "glog/logging.h"
+
+namespace baton::agent {
+namespace {
+
+const char* KindName(v1::CollectiveOp kind) {
+  return kind == v1::COLLECTIVE_OP_BROADCAST ? "broadcast" : "push_pull";
+}
+
+absl::Status WithContext(const absl::Status& status,
+                         const std::string& context) {
+  return absl::Status(status.code(),
+                      absl::StrCat(context, ": ", status.message()));
+}
+
+}  // namespace
+
+DataPlane::DataPlane(DataPlaneOptions options,
+                     std::unique_ptr<Communicator> negotiation,
+                     std::vector<std::unique_ptr<Communicator>> data,
+                     Callbacks callbacks)
+    : options_(std::move(options)),
+      callbacks_(std::move(callbacks)),
+      negotiation_(std::move(negotiation)) {
+  CHECK(!data.empty()) << "a data plane needs at least one communicator";
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& comm : data) {
+    auto worker = std::make_unique<Worker>();
+    worker->comm = std::move(comm);
+    workers_.push_back(std::move(worker));
+  }
+  threads_running_ = static_cast<int>(workers_.size()) + 1;
+  for (auto& worker : workers_) {
+    Worker* w = worker.get();
+    w->thread = std::thread([this, w] { WorkerLoop(w); });
+  }
+  scheduler_ = std::thread([this] { SchedulerLoop(); });
+}
+
+DataPlane::~DataPlane() {
+  Abort(absl::CancelledError(
+      absl::StrCat("the agent stopped job \"", options_.job, "\"")));
+  scheduler_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exit_workers_ = true;
+    for (auto& worker : workers_) worker->cv.notify_all();
+  }
+  for (auto& worker : workers_) worker->thread.join();
+}
+
+void DataPlane::Submit(std::shared_ptr<const Operation> op) {
+  Done done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) {
+      done.emplace_back(op->id, stop_status_);
+    } else {
+      DCHECK(!submitted_.contains(op->tensor_id))
+          << "two operations of tensor " << op->tensor_name << " submitted";
+      ops_[op->id] = OpState{op, 0, 0, absl::OkStatus()};
+      submitted_[op->tensor_id] = std::move(op);
+      dirty_ = true;
+      scheduler_cv_.notify_one();
+    }
+  }
+  Report(done);
+}
+
+void DataPlane::SetKnownTensors(int32_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (count > known_tensors_) {
+    known_tensors_ = count;
+    dirty_ = true;
+    scheduler_cv_.notify_one();
+  }
+}
+
+void DataPlane::Leave() {
+  std::lock_guard<std::mutex> lock(mu_);
+  leaving_ = true;
+  dirty_ = true;
+  scheduler_cv_.notify_one();
+}
+
+void DataPlane::Abort(absl::Status status) {
+  Done done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopped_) StopLocked(std::move(status), /*drain=*/false, done);
+  }
+  Report(done);
+}
+
+DataPlane::Stats DataPlane::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats stats;
+  stats.queue_depth = static_cast<int64_t>(ops_.size() + queue_.size());
+  stats.bytes_in_flight = in_flight_bytes_;
+  stats.bytes_done = bytes_done_;
+  return stats;
+}
+
+bool DataPlane::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return threads_running_ == 0;
+}
+
+void DataPlane::SchedulerLoop() {
+  std::vector<int64_t> vec;
+  int32_t body = 0;
+  bool active = true;
+  while (Round(vec, body, active)) {
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  --threads_running_;
+}
+
+bool DataPlane::Round(std::vector<int64_t>& vec, int32_t& body, bool& active) {
+  const bool single = options_.num_nodes == 1;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto news = [this] { return dirty_ || stopped_ || leaving_; };
+    if (single) {
+      scheduler_cv_.wait(lock, news);
+    } else {
+      scheduler_cv_.wait_for(
+          lock, active ? options_.active_cycle : options_.idle_cycle, news);
+    }
+    if (stopped_) return false;
+    dirty_ = false;
+    Negotiation::LocalState state;
+    state.mode = options_.mode;
+    state.known_tensors = known_tensors_;
+    state.free_credit = options_.credit_bytes - in_flight_bytes_;
+    state.in_flight_bytes = in_flight_bytes_;
+    state.pending = static_cast<int64_t>(submitted_.size());
+    state.leaving = leaving_;
+    state.ready = &submitted_;
+    // A single node needs no agreement: its body covers every known tensor.
+    if (single) body = known_tensors_;
+    Negotiation::Encode(state, body, &vec);
+  }
+
+  if (!single) {
+    CollectiveOptions opts;
+    opts.timeout = options_.op_timeout;
+    absl::Status status =
+        negotiation_->AllreduceMinInt64(vec.data(), vec.size(), opts);
+    if (!status.ok()) {
+      Done done;
+      bool stopped_now = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!stopped_) {
+          StopLocked(
+              WithContext(status, absl::StrCat("negotiation round of job \"",
+                                               options_.job, "\" generation ",
+                                               options_.generation)),
+              /*drain=*/false, done);
+          stopped_now = true;
+          status = stop_status_;
+        }
+      }
+      if (stopped_now && callbacks_.stopped) callbacks_.stopped(status);
+      Report(done);
+      return false;
+    }
+  }
+  const Negotiation::Outcome outcome = Negotiation::Decode(vec, body);
+
+  Done done;
+  bool stopped_now = false;
+  absl::Status stop_status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return false;
+    if (outcome.mode_mismatch) {
+      StopLocked(absl::FailedPreconditionError(absl::StrCat(
+                     "the nodes of job \"", options_.job,
+                     "\" disagree on the scheduling mode (this node: ",
+                     SchedulingModeName(options_.mode),
+                     "): give every trainer the same BATON_SCHEDULING, or "
+                     "every agent the same --scheduling")),
+                 /*drain=*/true, done);
+      stopped_now = true;
+      stop_status = stop_status_;
+    } else {
+      for (const Negotiation::Mismatch& m : outcome.mismatches) {
+        auto it = submitted_.find(m.tensor_id);
+        if (it == submitted_.end()) continue;
+        const std::shared_ptr<const Operation> op = it->second;
+        submitted_.erase(it);
+        ops_[op->id].status = absl::FailedPreconditionError(absl::StrCat(
+            KindName(op->kind), " of tensor \"", op->tensor_name,
+            "\": the nodes enqueued different operations (",
+            Negotiation::DescribeKey(m.min_key), " on some, ",
+            Negotiation::DescribeKey(m.max_key),
+            " on others); every rank must enqueue the same step with the "
+            "same average flag and root rank"));
+        MaybeFinishLocked(op->id, done);
+      }
+      std::vector<std::shared_ptr<const Operation>> agreed;
+      std::vector<int64_t> ready_times;
+      for (const Negotiation::Agreed& a : outcome.agreed) {
+        auto it = submitted_.find(a.tensor_id);
+        if (it == submitted_.end()) continue;
+        agreed.push_back(it->second);
+        ready_times.push_back(a.ready_unix_us);
+        submitted_.erase(it);
+      }
+      if (options_.mode == SchedulingMode::kFifo) {
+        std::vector<size_t> order(agreed.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+          return ready_times[a] < ready_times[b];
+        });
+        for (size_t i : order) {
+          const auto& op = agreed[i];
+          LaunchLocked(PartitionTask{op, 0, 0, op->size_bytes}, done);
+        }
+      } else {
+        for (auto& op : agreed) queue_.Add(std::move(op));
+        for (PartitionTask& task : queue_.Admit(
+                 outcome.min_free_credit, outcome.max_in_flight_bytes == 0)) {
+          LaunchLocked(std::move(task), done);
+        }
+      }
+      body = outcome.known_tensors;
+      active = outcome.max_pending > 0 || outcome.max_in_flight_bytes > 0 ||
+               !queue_.empty() || !submitted_.empty();
+      if (outcome.someone_leaving) {
+        StopLocked(absl::FailedPreconditionError(absl::StrCat(
+                       "a node left job \"", options_.job, "\" generation ",
+                       options_.generation,
+                       " (its trainers finished or detached); operations "
+                       "enqueued after that cannot complete")),
+                   /*drain=*/true, done);
+        stopped_now = true;
+        stop_status = stop_status_;
+      }
+    }
+  }
+  // The owner hears why the data plane stopped before the failed
+  // operations, so that it can explain them.
+  if (stopped_now && callbacks_.stopped) callbacks_.stopped(stop_status);
+  Report(done);
+  return !stopped_now;
+}
+
+void DataPlane::LaunchLocked(PartitionTask task, Done& done) {
+  (void)done;
+  OpState& state = ops_[task.op->id];
+  ++state.launched;
+  in_flight_bytes_ += task.length;
+  const uint64_t seq = launch_seq_++;
+  if (options_.launch_trace != nullptr) {
+    std::fprintf(options_.launch_trace,
+                 "generation=%lld seq=%llu tensor=%u step=%lld partition=%d "
+                 "bytes=%lld\n",
+                 static_cast<long long>(options_.generation),
+                 static_cast<unsigned long long>(seq), task.op->tensor_id,
+                 static_cast<long long>(task.op->step), task.partition,
+                 static_cast<long long>(task.length));
+    std::fflush(options_.launch_trace);
+  }
+  Worker& worker = *workers_[seq % workers_.size()];
+  worker.queue.push_back(std::move(task));
+  worker.cv.notify_one();
+}
+
+void DataPlane::StopLocked(absl::Status status, bool drain, Done& done) {
+  stopped_ = true;
+  stop_status_ = std::move(status);
+  drop_queued_ = !drain;
+  for (auto& [tensor_id, op] : submitted_) {
+    ops_[op->id].status = stop_status_;
+  }
+  std::vector<uint64_t> unlaunched;
+  for (auto& [tensor_id, op] : submitted_) unlaunched.push_back(op->id);
+  submitted_.clear();
+  for (const auto& op : queue_.Clear()) {
+    OpState& state = ops_[op->id];
+    if (state.status.ok()) state.status = stop_status_;
+    unlaunched.push_back(op->id);
+  }
+  for (uint64_t id : unlaunched) MaybeFinishLocked(id, done);
+  scheduler_cv_.notify_all();
+  for (auto& worker : workers_) worker->cv.notify_all();
+}
+
+void DataPlane::MaybeFinishLocked(uint64_t op_id, Done& done) {
+  auto it = ops_.find(op_id);
+  if (it == ops_.end()) return;
+  OpState& state = it->second;
+  if (state.returned < state.launched) return;
+  const bool complete = state.launched == state.op->NumPartitions();
+  if (state.status.ok() && !complete) {
+    if (!stopped_) return;  // more partitions to launch
+    state.status = stop_status_;
+  }
+  done.emplace_back(op_id, std::move(state.status));
+  ops_.erase(it);
+}
+
+void DataPlane::Report(Done& done) {
+  for (auto& [id, status] : done) callbacks_.op_done(id, std::move(status));
+  done.clear();
+}
+
+void DataPlane::WorkerLoop(Worker* worker) {
+  while (true) {
+    PartitionTask task;
+    bool drop = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Once scheduling stopped nothing new is queued: drain and exit.
+      worker->cv.wait(lock, [&] {
+        return !worker->queue.empty() || exit_workers_ || stopped_;
+      });
+      if (worker->queue.empty()) break;
+      task = std::move(worker->queue.front());
+      worker->queue.pop_front();
+      drop = drop_queued_;
+    }
+    absl::Status status =
+        drop ? absl::CancelledError("not started") : Execute(*worker, task);
+    Done done;
+    bool failed_now = false;
+    absl::Status stop_status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_bytes_ -= task.length;
+      OpState& state = ops_[task.op->id];
+      ++state.returned;
+      if (status.ok()) {
+        bytes_done_ += task.length;
+      } else if (drop) {
+        if (state.status.ok()) state.status = stop_status_;
+      } else {
+        if (state.status.ok()) state.status = status;
+        if (!stopped_) {
+          StopLocked(status, /*drain=*/false, done);
+          failed_now = true;
+          stop_status = stop_status_;
+        }
+      }
+      MaybeFinishLocked(task.op->id, done);
+      dirty_ = true;
+      scheduler_cv_.notify_one();
+    }
+    if (failed_now && callbacks_.stopped) callbacks_.stopped(stop_status);
+    Report(done);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  --threads_running_;
+}
+
+std::string DataPlane::Describe(const PartitionTask& task) const {
+  const Operation& op = *task.op;
+  return absl::StrCat(KindName(op.kind), " of tensor \"", op.tensor_name,
+                      "\" step ", op.step, " partition ", task.partition + 1,
+                      "/", op.NumPartitions(), " (", task.length,
+                      " bytes) in job \"", options_.job, "\" generation ",
+                      options_.generation);
+}
+
+absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task) {
+  const Operation& op = *task.op;
+  const size_t element = ElementSize(op.dtype);
+  const size_t count = static_cast<size_t>(task.length) / element;
+  uint8_t* out = op.output + task.offset;
+  CollectiveOptions opts;
+  opts.timeout = options_.op_timeout;
+  absl::Status status;
+  if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
+    if (op.root_local >= 0 && op.inputs[op.root_local] != op.output) {
+      std::memcpy(out, op.inputs[op.root_local] + task.offset, task.length);
+    }
+    if (options_.num_nodes > 1) {
+      status = worker.comm->Broadcast(out, task.length, op.root_node, opts);
+    }
+  } else {
+    const size_t n = op.inputs.size();
+    if (!(n == 1 && op.inputs[0] == op.output)) {
+      std::vector<const void*> srcs(n);
+      for (size_t i = 0; i < n; ++i) srcs[i] = op.inputs[i] + task.offset;
+      SumInto(op.dtype, out, srcs.data(), n, count);
+    }
+    if (options_.num_nodes > 1) {
+      status = worker.comm->AllreduceSum(out, count, op.dtype, opts);
+    }
+    if (status.ok() && op.average && options_.world_size > 1) {
+      DivideInPlace(op.dtype, out, count, options_.world_size);
+    }
+  }
+  if (!status.ok()) return WithContext(status, Describe(task));
+  return status;
+}
+
+}  // namespace baton::agent

@@ -1,0 +1,173 @@
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "agent/launch_queue.h"
+#include "agent/negotiation.h"
+#include "agent/operation.h"
+#include "agent/transport/transport.h"
+
+namespace baton::agent {
+
+struct DataPlaneOptions {
+  std::string job;
+  int64_t generation = 0;
+  int32_t node_rank = 0;
+  int32_t num_nodes = 1;
+  int32_t world_size = 1;
+  SchedulingMode mode = SchedulingMode::kPriority;
+  // Bytes this node may have in flight (priority mode); one partition is
+  // always admitted.
+  int64_t credit_bytes = 16 << 20;
+  // Bounds every collective, negotiation rounds included.
+  std::chrono::milliseconds op_timeout{60000};
+  // How long a node waits for local news before the next negotiation round:
+  // while any node has work, and while every node is idle.
+  std::chrono::microseconds active_cycle{200};
+  std::chrono::microseconds idle_cycle{5000};
+  // When set, every launch is appended here as one line (tests compare the
+  // files of all nodes). Not owned; outlives the data plane.
+  std::FILE* launch_trace = nullptr;
+};
+
+// The data plane of one job on this node for one sealed generation: the
+// scheduler thread that agrees with the other nodes what to launch (the
+// ordering contract) and applies priority and credit, and one worker thread
+// per data communicator that runs the collectives on the tensors' shared
+// memory.
+//
+// Partitions are assigned to communicators round-robin by launch sequence
+// number, which every node computes identically, so each communicator sees
+// the same collectives in the same order on every node.
+//
+// Thread-safe. Callbacks run on data-plane threads without its lock held.
+class DataPlane {
+ public:
+  struct Callbacks {
+    // Exactly once per submitted operation, when the data plane no longer
+    // touches its buffers: OK, or why it failed.
+    std::function<void(uint64_t op_id, absl::Status status)> op_done;
+    // At most once, when the data plane stops on its own: a communicator
+    // failed, nodes disagree on the scheduling mode, or a node left.
+    std::function<void(absl::Status status)> stopped;
+  };
+
+  struct Stats {
+    // Operations submitted and not finished, and partitions queued.
+    int64_t queue_depth = 0;
+    int64_t bytes_in_flight = 0;
+    // Bytes of partitions completed since the data plane started.
+    int64_t bytes_done = 0;
+  };
+
+  // `negotiation` carries the rounds; `data` (at least one) the collectives.
+  // Starts the threads.
+  DataPlane(DataPlaneOptions options, std::unique_ptr<Communicator> negotiation,
+            std::vector<std::unique_ptr<Communicator>> data,
+            Callbacks callbacks);
+  // Aborts (CANCELLED) and joins the threads; a worker inside a collective
+  // is waited for (bounded by op_timeout).
+  ~DataPlane();
+
+  DataPlane(const DataPlane&) = delete;
+  DataPlane& operator=(const DataPlane&) = delete;
+
+  // Hands over an operation whose inputs are ready. At most one per tensor
+  // at a time: the next step of a tensor is submitted after op_done of the
+  // previous one.
+  void Submit(std::shared_ptr<const Operation> op);
+
+  // The plan now covers tensor ids 0..count-1 on this node.
+  void SetKnownTensors(int32_t count);
+
+  // This node is leaving the job: announced in the next round, after which
+  // every node stops scheduling; launched partitions still complete, the
+  // rest fail with FAILED_PRECONDITION.
+  void Leave();
+
+  // Stops now: operations not launched fail with `status` at once; launched
+  // partitions are not started if still queued, and operations with a
+  // partition inside a collective fail when that collective returns.
+  void Abort(absl::Status status);
+
+  Stats stats() const;
+  // True once every thread has exited.
+  bool finished() const;
+
+ private:
+  struct OpState {
+    std::shared_ptr<const Operation> op;
+    int32_t launched = 0;
+    int32_t returned = 0;
+    absl::Status status;
+  };
+  struct Worker {
+    std::unique_ptr<Communicator> comm;
+    std::deque<PartitionTask> queue;
+    std::condition_variable cv;
+    std::thread thread;
+  };
+  using Done = std::vector<std::pair<uint64_t, absl::Status>>;
+
+  void SchedulerLoop();
+  void WorkerLoop(Worker* worker);
+  absl::Status Execute(Worker& worker, const PartitionTask& task);
+  // Runs one round; false when the scheduler must exit.
+  bool Round(std::vector<int64_t>& vec, int32_t& body, bool& active);
+  void LaunchLocked(PartitionTask task, Done& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stops scheduling with `status`. `drain`: workers still run the queued
+  // partitions (every node launched them); otherwise queued ones are
+  // dropped.
+  void StopLocked(absl::Status status, bool drain, Done& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reports `state` when its last launched partition returned.
+  void MaybeFinishLocked(uint64_t op_id, Done& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Report(Done& done);
+  std::string Describe(const PartitionTask& task) const;
+
+  // Constant after construction.
+  const DataPlaneOptions options_;
+  const Callbacks callbacks_;
+  std::unique_ptr<Communicator> negotiation_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+
+  mutable std::mutex mu_;
+  std::condition_variable scheduler_cv_;
+  // Submitted, not yet agreed; keyed by tensor id.
+  absl::flat_hash_map<uint32_t, std::shared_ptr<const Operation>> submitted_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, OpState> ops_ ABSL_GUARDED_BY(mu_);
+  LaunchQueue queue_ ABSL_GUARDED_BY(mu_);
+  int32_t known_tensors_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t bytes_done_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t launch_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool dirty_ ABSL_GUARDED_BY(mu_) = false;
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;
+  // Set once scheduling stopped; why.
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status stop_status_ ABSL_GUARDED_BY(mu_);
+  // Queued partitions are dropped rather than run.
+  bool drop_queued_ ABSL_GUARDED_BY(mu_) = false;
+  bool exit_workers_ ABSL_GUARDED_BY(mu_) = false;
+  int threads_running_ ABSL_GUARDED_BY(mu_) = 0;
+
+  std::thread scheduler_;
+};
+
+}  // namespace baton::agent

@@ -1,0 +1,40 @@
+#include "agent/launch_queue.h"
+
+#include "absl/container/flat_hash_set.h"
+
+namespace baton::agent {
+
+void LaunchQueue::Add(std::shared_ptr<const Operation> op) {
+  const int32_t n = op->NumPartitions();
+  for (int32_t p = 0; p < n; ++p) {
+    PartitionTask task{op, p, op->PartitionOffset(p), op->PartitionLength(p)};
+    queue_.emplace(Key{op->priority, p, op->tensor_id}, std::move(task));
+  }
+}
+
+std::vector<PartitionTask> LaunchQueue::Admit(int64_t free_credit,
+                                              bool nothing_in_flight) {
+  std::vector<PartitionTask> admitted;
+  while (!queue_.empty()) {
+    auto it = queue_.begin();
+    const int64_t length = it->second.length;
+    const bool always = nothing_in_flight && admitted.empty();
+    if (!always && length > free_credit) break;
+    free_credit -= length;
+    admitted.push_back(std::move(it->second));
+    queue_.erase(it);
+  }
+  return admitted;
+}
+
+std::vector<std::shared_ptr<const Operation>> LaunchQueue::Clear() {
+  std::vector<std::shared_ptr<const Operation>> ops;
+  absl::flat_hash_set<uint64_t> seen;
+  for (auto& [key, task] : queue_) {
+    if (seen.insert(task.op->id).second) ops.push_back(task.op);
+  }
+  queue_.clear();
+  return ops;
+}
+
+}  // namespace baton::agent

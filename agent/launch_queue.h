@@ -1,0 +1,49 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "agent/operation.h"
+
+namespace baton::agent {
+
+// One partition of an agreed operation, ready to launch.
+struct PartitionTask {
+  std::shared_ptr<const Operation> op;
+  int32_t partition = 0;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+// The priority scheduler's queue of agreed partitions, ordered by (tensor
+// priority, partition index, tensor id), with the credit window applied on
+// admission (ARCHITECTURE.md, "Scheduling"). Deterministic: the same
+// additions and admissions give the same launches on every node.
+//
+// Not thread-safe: owned by the data plane's scheduler thread.
+class LaunchQueue {
+ public:
+  // Queues every partition of `op`.
+  void Add(std::shared_ptr<const Operation> op);
+
+  // Pops partitions in order while they fit in `free_credit` bytes. When
+  // `nothing_in_flight`, the first partition is admitted whatever its size
+  // (one partition is always admitted). Stops at the first partition that
+  // does not fit: a smaller, less urgent one never overtakes it.
+  std::vector<PartitionTask> Admit(int64_t free_credit, bool nothing_in_flight);
+
+  // Removes everything; returns each operation that had queued partitions.
+  std::vector<std::shared_ptr<const Operation>> Clear();
+
+  bool empty() const { return queue_.empty(); }
+  size_t size() const { return queue_.size(); }
+
+ private:
+  using Key = std::tuple<int32_t, int32_t, uint32_t>;
+  std::map<Key, PartitionTask> queue_;
+};
+
+}  // namespace baton::agent

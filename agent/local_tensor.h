@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "baton/v1/common.pb.h"
+#include "common/shm.h"
+
+namespace baton::agent {
+
+// A tensor declared by every local trainer of a job on this node, with the
+// shared memory its bytes live in: one input region per local trainer and
+// one output region. Regions start on 4 KiB boundaries.
+struct LocalTensor {
+  v1::TensorSpec spec;
+  int64_t size_bytes = 0;
+  SharedMemory memory;
+  std::vector<int64_t> input_offsets;  // by local rank
+  int64_t output_offset = 0;
+  // Local ranks that declared it; the node's manifest lists it once all did.
+  int32_t declared_by = 0;
+  // From the coordinator's plan; -1 until planned.
+  int64_t tensor_id = -1;
+  int32_t priority = 0;
+  // Set when the coordinator reported that nodes declared it differently:
+  // every enqueue of it fails with this.
+  absl::Status mismatch;
+  // Local ranks that enqueued it once (the name is removed when all did).
+  std::vector<bool> first_enqueued;
+  // Last step each local rank enqueued; -1 before the first.
+  std::vector<int64_t> last_step;
+  bool unlinked = false;
+
+  // Creates the shared memory for `local_size` trainers.
+  static absl::StatusOr<std::unique_ptr<LocalTensor>> Create(
+      const std::string& shm_name, const v1::TensorSpec& spec,
+      int32_t local_size);
+};
+
+// Checks a declaration as a trainer sent it; `what` names it in the error
+// ("DeclareRequest.tensors[3]"). Same rules as the coordinator's manifest
+// check, so a bad declaration fails at the trainer's declare call.
+absl::Status ValidateDeclaration(const std::string& what,
+                                 const v1::TensorSpec& spec);
+
+// Element count times element size of a valid spec.
+int64_t DeclaredBytes(const v1::TensorSpec& spec);
+
+// "" when equal; otherwise which field differs and both values, e.g.
+// "dtype DATA_TYPE_FLOAT32 vs DATA_TYPE_INT64".
+std::string DescribeDifference(const v1::TensorSpec& a,
+                               const v1::TensorSpec& b);
+
+}  // namespace baton::agent

@@ -1,0 +1,163 @@
+// baton-agent: the per-node data plane. See docs/operations.md.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "agent/agent.h"
+#include "common/init.h"
+#include "common/validation.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+
+DEFINE_string(coordinator, "127.0.0.1:50051",
+              "The coordinator's address (host:port)");
+DEFINE_string(node, "",
+              "This node's name, unique in every job (default: the host name)");
+DEFINE_string(socket, "/tmp/baton-agent.sock",
+              "Unix socket trainers connect to (BATON_AGENT_SOCKET)");
+DEFINE_string(data_host, "127.0.0.1",
+              "Address peers reach this node's data plane on (gloo binds "
+              "here); the node's IP on a cluster");
+DEFINE_string(scheduling, "priority",
+              "Scheduling of jobs whose trainers do not set BATON_SCHEDULING: "
+              "priority or fifo");
+DEFINE_int64(credit_bytes, 16 << 20,
+             "Bytes in flight per job on this node (priority scheduling); "
+             "one partition is always admitted");
+DEFINE_int64(op_timeout_ms, 60000,
+             "Bound on every collective and on connecting the data plane");
+DEFINE_int32(data_channels, 2,
+             "Data communicators per job (separate TCP connections used in "
+             "parallel)");
+DEFINE_int64(negotiation_active_us, 200,
+             "Longest wait between negotiation rounds while any node has work");
+DEFINE_int64(
+    negotiation_idle_us, 5000,
+    "Longest wait between negotiation rounds while every node is idle");
+DEFINE_int64(reconnect_max_backoff_ms, 2000,
+             "Longest wait between attempts to reach the coordinator");
+DEFINE_string(launch_trace_dir, "",
+              "When set, each job appends every launch to "
+              "<dir>/<job>.<node>.launches (for tests and debugging)");
+
+namespace baton {
+namespace {
+
+constexpr char kUsage[] =
+    "baton-agent --coordinator HOST:PORT --node NAME --socket PATH\n"
+    "Runs push-pull and broadcast for the trainers on this node.";
+
+absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
+  agent::AgentConfig config;
+  if (absl::Status s = ValidateHostPort("--coordinator", FLAGS_coordinator);
+      !s.ok()) {
+    return s;
+  }
+  config.coordinator = FLAGS_coordinator;
+  config.node_name = FLAGS_node;
+  if (config.node_name.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    config.node_name = host;
+  }
+  if (absl::Status s = ValidateIdentifier("--node", config.node_name);
+      !s.ok()) {
+    return s;
+  }
+  if (FLAGS_socket.empty() || FLAGS_socket.size() > 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--socket=\"", FLAGS_socket,
+        "\" must be a path of 1..100 characters (unix socket limit)"));
+  }
+  config.socket_path = FLAGS_socket;
+  if (FLAGS_data_host.empty()) {
+    return absl::InvalidArgumentError(
+        "--data_host is empty: give this node's IP");
+  }
+  config.data_host = FLAGS_data_host;
+  if (FLAGS_scheduling == "priority") {
+    config.scheduling = agent::SchedulingMode::kPriority;
+  } else if (FLAGS_scheduling == "fifo") {
+    config.scheduling = agent::SchedulingMode::kFifo;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--scheduling=", FLAGS_scheduling,
+                     " is unknown: give priority or fifo"));
+  }
+  const struct {
+    const char* name;
+    int64_t value;
+  } positive[] = {
+      {"credit_bytes", FLAGS_credit_bytes},
+      {"op_timeout_ms", FLAGS_op_timeout_ms},
+      {"data_channels", FLAGS_data_channels},
+      {"negotiation_active_us", FLAGS_negotiation_active_us},
+      {"negotiation_idle_us", FLAGS_negotiation_idle_us},
+      {"reconnect_max_backoff_ms", FLAGS_reconnect_max_backoff_ms},
+  };
+  for (const auto& flag : positive) {
+    if (flag.value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag.name, "=", flag.value,
+                       " must be positive: give a value above 0"));
+    }
+  }
+  if (FLAGS_data_channels > 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--data_channels=", FLAGS_data_channels, " must be at most 16"));
+  }
+  config.credit_bytes = FLAGS_credit_bytes;
+  config.op_timeout = std::chrono::milliseconds(FLAGS_op_timeout_ms);
+  config.data_channels = FLAGS_data_channels;
+  config.active_cycle = std::chrono::microseconds(FLAGS_negotiation_active_us);
+  config.idle_cycle = std::chrono::microseconds(FLAGS_negotiation_idle_us);
+  config.reconnect_max_backoff =
+      std::chrono::milliseconds(FLAGS_reconnect_max_backoff_ms);
+  config.launch_trace_dir = FLAGS_launch_trace_dir;
+  config.pid = static_cast<int>(getpid());
+  return config;
+}
+
+int Main(int argc, char** argv) {
+  sigset_t shutdown_signals;
+  sigemptyset(&shutdown_signals);
+  sigaddset(&shutdown_signals, SIGTERM);
+  sigaddset(&shutdown_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &shutdown_signals, nullptr);
+
+  InitProcess(&argc, &argv, kUsage);
+  absl::StatusOr<agent::AgentConfig> config = ConfigFromFlags();
+  if (!config.ok()) {
+    std::fprintf(stderr, "baton-agent: %s\n",
+                 std::string(config.status().message()).c_str());
+    return 2;
+  }
+  agent::Agent agent(*config);
+  if (absl::Status status = agent.Start(); !status.ok()) {
+    std::fprintf(stderr, "baton-agent: %s\n",
+                 std::string(status.message()).c_str());
+    return 1;
+  }
+  std::printf("baton-agent %s serving trainers on %s, coordinator %s\n",
+              config->node_name.c_str(), config->socket_path.c_str(),
+              config->coordinator.c_str());
+  std::fflush(stdout);
+
+  const timespec reap_interval{1, 0};
+  int signal_number = -1;
+  while (signal_number < 0) {
+    signal_number = sigtimedwait(&shutdown_signals, nullptr, &reap_interval);
+    agent.ReapJobs();
+  }
+  LOG(INFO) << "received " << strsignal(signal_number) << "; shutting down";
+  agent.Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace baton
+
+int main(int argc, char** argv) { return baton::Main(argc, argv); }

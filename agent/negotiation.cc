@@ -1,0 +1,107 @@
+#include "agent/negotiation.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton::agent {
+namespace {
+
+constexpr int kAttrBits = 27;
+constexpr int64_t kAttrMask = (int64_t{1} << kAttrBits) - 1;
+// Attribute values: 0 plain sum, 1 average, root + 2 for broadcasts.
+constexpr int64_t kAttrAverage = 1;
+constexpr int64_t kAttrRootBase = 2;
+
+// Header layout.
+enum Header : size_t {
+  kMode = 0,
+  kNegMode,
+  kKnownTensors,
+  kFreeCredit,
+  kNegInFlight,
+  kNegPending,
+  kNegLeaving,
+  kHeaderSize,
+};
+// Per tensor: key, -key, -ready time.
+constexpr size_t kWordsPerTensor = 3;
+
+}  // namespace
+
+const char* SchedulingModeName(SchedulingMode mode) {
+  return mode == SchedulingMode::kFifo ? "fifo" : "priority";
+}
+
+size_t Negotiation::VectorSize(int32_t body_tensors) {
+  return kHeaderSize + kWordsPerTensor * static_cast<size_t>(body_tensors);
+}
+
+int64_t Negotiation::KeyOf(const Operation& op) {
+  int64_t attr = 0;
+  if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
+    attr = kAttrRootBase + op.root_rank;
+  } else if (op.average) {
+    attr = kAttrAverage;
+  }
+  return ((op.step + 1) << kAttrBits) | attr;
+}
+
+std::string Negotiation::DescribeKey(int64_t key) {
+  const int64_t step = (key >> kAttrBits) - 1;
+  const int64_t attr = key & kAttrMask;
+  if (attr >= kAttrRootBase) {
+    return absl::StrCat("step ", step, ", root rank ", attr - kAttrRootBase);
+  }
+  return absl::StrCat("step ", step,
+                      attr == kAttrAverage ? ", average" : ", sum");
+}
+
+void Negotiation::Encode(const LocalState& state, int32_t body_tensors,
+                         std::vector<int64_t>* vec) {
+  vec->assign(VectorSize(body_tensors), 0);
+  int64_t* v = vec->data();
+  const int64_t mode = static_cast<int64_t>(state.mode);
+  v[kMode] = mode;
+  v[kNegMode] = -mode;
+  v[kKnownTensors] = state.known_tensors;
+  v[kFreeCredit] = state.free_credit;
+  v[kNegInFlight] = -state.in_flight_bytes;
+  v[kNegPending] = -state.pending;
+  v[kNegLeaving] = state.leaving ? -1 : 0;
+  if (state.ready == nullptr) return;
+  for (const auto& [tensor_id, op] : *state.ready) {
+    if (tensor_id >= static_cast<uint32_t>(body_tensors)) continue;
+    int64_t* t = v + kHeaderSize + kWordsPerTensor * tensor_id;
+    const int64_t key = KeyOf(*op);
+    t[0] = key;
+    t[1] = -key;
+    t[2] = -op->ready_unix_us;
+  }
+}
+
+Negotiation::Outcome Negotiation::Decode(const std::vector<int64_t>& vec,
+                                         int32_t body_tensors) {
+  Outcome out;
+  const int64_t* v = vec.data();
+  out.mode_mismatch = v[kMode] != -v[kNegMode];
+  out.known_tensors = static_cast<int32_t>(v[kKnownTensors]);
+  out.min_free_credit = v[kFreeCredit];
+  out.max_in_flight_bytes = -v[kNegInFlight];
+  out.max_pending = -v[kNegPending];
+  out.someone_leaving = v[kNegLeaving] != 0;
+  for (int32_t id = 0; id < body_tensors; ++id) {
+    const int64_t* t = v + kHeaderSize + kWordsPerTensor * id;
+    const int64_t min_key = t[0];
+    const int64_t max_key = -t[1];
+    if (min_key <= 0) continue;
+    if (min_key == max_key) {
+      out.agreed.push_back({static_cast<uint32_t>(id), -t[2]});
+    } else {
+      out.mismatches.push_back({static_cast<uint32_t>(id), min_key, max_key});
+    }
+  }
+  return out;
+}
+
+}  // namespace baton::agent

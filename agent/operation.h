@@ -1,0 +1,70 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "baton/v1/common.pb.h"
+
+namespace baton::agent {
+
+// How the scheduler orders a job's collectives.
+enum class SchedulingMode {
+  // Partitions of at most partition_bytes, launched by (priority, partition
+  // index) within the credit window.
+  kPriority = 1,
+  // Whole tensors in the order they became ready on every node; no
+  // partitioning, no credit (the baseline).
+  kFifo = 2,
+};
+
+const char* SchedulingModeName(SchedulingMode mode);
+
+// One collective on one tensor for one step, ready on this node: every local
+// trainer has written its input. Immutable once submitted to the data plane;
+// the buffers it points to are the tensor's shared memory, owned by the
+// agent's job and kept alive until the data plane reports the operation done.
+struct Operation {
+  // Unique within the agent process.
+  uint64_t id = 0;
+  // The coordinator's plan: global id, priority and partitioning.
+  uint32_t tensor_id = 0;
+  std::string tensor_name;
+  int32_t priority = 0;
+  int64_t step = 0;
+  v1::CollectiveOp kind = v1::COLLECTIVE_OP_PUSH_PULL;
+  v1::DataType dtype = v1::DATA_TYPE_FLOAT32;
+  // PUSH_PULL: divide the sum by the world size.
+  bool average = false;
+  // BROADCAST: the global root rank, the node that holds it, and the root's
+  // index among this node's inputs (-1 when the root is on another node).
+  int32_t root_rank = -1;
+  int32_t root_node = -1;
+  int32_t root_local = -1;
+  int64_t size_bytes = 0;
+  // Bytes per partition; the last one may be shorter. A multiple of 8.
+  int64_t partition_bytes = 0;
+  // One input per local trainer, in local-rank order, and the output every
+  // local trainer reads (never one of the inputs).
+  std::vector<const uint8_t*> inputs;
+  uint8_t* output = nullptr;
+  // When the last local trainer enqueued it (microseconds since the epoch):
+  // fifo mode orders by the latest of these across nodes.
+  int64_t ready_unix_us = 0;
+
+  int32_t NumPartitions() const {
+    if (size_bytes <= partition_bytes || partition_bytes <= 0) return 1;
+    return static_cast<int32_t>((size_bytes + partition_bytes - 1) /
+                                partition_bytes);
+  }
+  int64_t PartitionOffset(int32_t partition) const {
+    return NumPartitions() == 1 ? 0 : partition * partition_bytes;
+  }
+  int64_t PartitionLength(int32_t partition) const {
+    if (NumPartitions() == 1) return size_bytes;
+    const int64_t offset = PartitionOffset(partition);
+    return std::min(partition_bytes, size_bytes - offset);
+  }
+};
+
+}  // namespace baton::agent

@@ -1,0 +1,447 @@
+#include "agent/transport/gloo/gloo_transport.h"
+
+#include <netdb.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "agent/reduce.h"
+#include "agent/transport/gloo/gloo_store.h"
+#include "gloo/allreduce.h"
+#include "gloo/broadcast.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/device.h"
+
+namespace baton::agent {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// "float32" for DATA_TYPE_FLOAT32.
+std::string DataTypeName(v1::DataType dtype) {
+  const std::string& name = v1::DataType_Name(dtype);
+  if (name.empty()) return absl::StrCat("data type ", static_cast<int>(dtype));
+  return absl::AsciiStrToLower(absl::StripPrefix(name, "DATA_TYPE_"));
+}
+
+// Runs `fn` with a pointer type whose size is `element_size` (1, 2, 4 or 8),
+// for gloo's typed setOutput. The type only tells gloo the element size;
+// the reduce function gives the arithmetic.
+template <typename Fn>
+void WithElementType(size_t element_size, Fn&& fn) {
+  switch (element_size) {
+    case 1:
+      fn(static_cast<uint8_t*>(nullptr));
+      return;
+    case 2:
+      fn(static_cast<uint16_t*>(nullptr));
+      return;
+    case 4:
+      fn(static_cast<uint32_t*>(nullptr));
+      return;
+    default:
+      fn(static_cast<uint64_t*>(nullptr));
+      return;
+  }
+}
+
+void MinInt64(void* dst, const void* a, const void* b, size_t count) {
+  auto* out = static_cast<int64_t*>(dst);
+  const auto* x = static_cast<const int64_t*>(a);
+  const auto* y = static_cast<const int64_t*>(b);
+  for (size_t i = 0; i < count; ++i) out[i] = std::min(x[i], y[i]);
+}
+
+// The tag gloo sees: the caller's tag mixed with the operation's size in
+// bytes and its data type (0 for a broadcast). gloo matches a send to a
+// receive by tag; when two nodes disagree on an operation's size or type
+// the messages differ in size, and a larger message reaching a smaller
+// receive makes gloo's event-loop thread throw, which ends the process
+// (std::terminate). With size and type in the tag the two sides never match
+// and the operation fails with a timeout instead. For one (size, type),
+// distinct caller tags stay distinct.
+uint32_t WireTag(uint32_t tag, size_t bytes, int dtype) {
+  uint64_t h =
+      (static_cast<uint64_t>(bytes) * 31 + static_cast<uint64_t>(dtype)) *
+      0x9e3779b97f4a7c15ull;
+  h ^= h >> 29;
+  return tag ^ static_cast<uint32_t>(h >> 32);
+}
+
+// WireTag's data type for AllreduceMinInt64, apart from every DataType so
+// that a min never matches a sum.
+constexpr int kMinInt64WireKind = 1000;
+
+// What an exception from gloo says.
+std::string CurrentExceptionText() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+// gloo reports a step that ran out of time as "Timed out ..." (an
+// IoException like every other transport error).
+bool IsGlooTimeout(const std::string& text) {
+  return absl::StrContains(text, "Timed out") ||
+         absl::StrContains(text, "timed out") ||
+         absl::StrContains(text, "Connect timeout");
+}
+
+std::string JoinKey(const std::string& prefix, const std::string& key) {
+  if (prefix.empty() || absl::EndsWith(prefix, "/")) {
+    return absl::StrCat(prefix, key);
+  }
+  return absl::StrCat(prefix, "/", key);
+}
+
+absl::Status ValidateRequest(const ConnectRequest& request) {
+  if (request.num_nodes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ConnectRequest.num_nodes is ", request.num_nodes, ": give 1 or more"));
+  }
+  if (request.node_rank < 0 || request.node_rank >= request.num_nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ConnectRequest.node_rank is ", request.node_rank,
+                     ": give 0..", request.num_nodes - 1));
+  }
+  if (request.count < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ConnectRequest.count is ", request.count, ": give 1 or more"));
+  }
+  if (request.store == nullptr) {
+    return absl::InvalidArgumentError("ConnectRequest.store is null");
+  }
+  if (request.prefix.empty()) {
+    return absl::InvalidArgumentError(
+        "ConnectRequest.prefix is empty: give a prefix unique to this "
+        "generation and rebuild");
+  }
+  if (request.timeout <= std::chrono::milliseconds(0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ConnectRequest.timeout is ", request.timeout.count(),
+                     " ms: give a positive timeout"));
+  }
+  return absl::OkStatus();
+}
+
+// The error for a failed connectFullMesh of communicator `name`. When the
+// store timed out, asks it (without waiting) which peers' addresses are
+// missing, so that the message names them.
+absl::Status ConnectError(const ConnectRequest& request,
+                          const std::string& name, const std::string& prefix,
+                          const GlooStore& store,
+                          const std::string& gloo_text) {
+  const std::string what =
+      absl::StrCat("connecting communicator ", name, " of ", request.num_nodes,
+                   " nodes (node rank ", request.node_rank, ", keys under \"",
+                   prefix, "/\")");
+  const absl::Status store_error = store.first_error();
+  if (store_error.ok()) {
+    const std::string message = absl::StrCat(what, " failed: ", gloo_text);
+    return IsGlooTimeout(gloo_text) ? absl::DeadlineExceededError(message)
+                                    : absl::UnavailableError(message);
+  }
+  if (store_error.code() != absl::StatusCode::kDeadlineExceeded) {
+    return absl::Status(store_error.code(),
+                        absl::StrCat(what, " failed: ", store_error.message()));
+  }
+  std::vector<int> missing;
+  for (int rank = 0; rank < request.num_nodes; ++rank) {
+    if (rank == request.node_rank) continue;
+    const auto probe = request.store->Get({store.FullKey(std::to_string(rank))},
+                                          std::chrono::milliseconds(0));
+    if (probe.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      missing.push_back(rank);
+    }
+  }
+  const std::string who =
+      missing.empty()
+          ? std::string("a peer")
+          : absl::StrCat("node rank(s) ", absl::StrJoin(missing, ", "));
+  return absl::DeadlineExceededError(absl::StrCat(
+      what, " timed out after ", request.timeout.count(), " ms: ", who,
+      " did not publish their gloo address (", store_error.message(), ")"));
+}
+
+// The numeric addresses `hostname` resolves to, in resolver order. gloo
+// itself must only ever see a numeric address: its own lookup ignores
+// getaddrinfo's error codes and crashes on a name that does not resolve.
+absl::StatusOr<std::vector<std::string>> NumericAddresses(
+    const std::string& hostname) {
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* result = nullptr;
+  const int rv = ::getaddrinfo(hostname.c_str(), nullptr, &hints, &result);
+  if (rv != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve the data-plane address \"", hostname,
+                     "\": ", ::gai_strerror(rv)));
+  }
+  std::vector<std::string> addresses;
+  for (const struct addrinfo* rp = result; rp != nullptr; rp = rp->ai_next) {
+    char host[NI_MAXHOST];
+    if (::getnameinfo(rp->ai_addr, rp->ai_addrlen, host, sizeof host, nullptr,
+                      0, NI_NUMERICHOST) != 0) {
+      continue;
+    }
+    if (std::find(addresses.begin(), addresses.end(), host) ==
+        addresses.end()) {
+      addresses.push_back(host);
+    }
+  }
+  ::freeaddrinfo(result);
+  if (addresses.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the data-plane address \"", hostname, "\" resolves to nothing"));
+  }
+  return addresses;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// GlooTransport
+
+absl::StatusOr<std::unique_ptr<GlooTransport>> GlooTransport::Create(
+    const std::string& hostname, Options options) {
+  if (options.max_segment_bytes < 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GlooTransport::Options.max_segment_bytes is ",
+                     options.max_segment_bytes, ": give 8 or more"));
+  }
+  if (hostname.empty()) {
+    return absl::InvalidArgumentError(
+        "the gloo transport needs the hostname or IP address to bind");
+  }
+  // A write to a connection the peer closed must fail with EPIPE on this
+  // node, not end the process.
+  ::signal(SIGPIPE, SIG_IGN);
+  const absl::StatusOr<std::vector<std::string>> addresses =
+      NumericAddresses(hostname);
+  if (!addresses.ok()) return addresses.status();
+  std::string errors;
+  for (const std::string& address : *addresses) {
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = address;
+      std::shared_ptr<gloo::transport::Device> device =
+          gloo::transport::tcp::CreateDevice(attr);
+      return std::unique_ptr<GlooTransport>(
+          new GlooTransport(std::move(device), options));
+    } catch (...) {
+      absl::StrAppend(&errors, errors.empty() ? "" : "; ", address, ": ",
+                      CurrentExceptionText());
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "cannot create the gloo TCP device on \"", hostname, "\": ", errors));
+}
+
+GlooTransport::GlooTransport(std::shared_ptr<gloo::transport::Device> device,
+                             Options options)
+    : device_(std::move(device)), options_(options) {}
+
+GlooTransport::~GlooTransport() = default;
+
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>
+GlooTransport::Connect(const ConnectRequest& request) {
+  if (absl::Status valid = ValidateRequest(request); !valid.ok()) return valid;
+  const Clock::time_point deadline = Clock::now() + request.timeout;
+  std::vector<std::unique_ptr<Communicator>> communicators;
+  communicators.reserve(request.count);
+  for (int i = 0; i < request.count; ++i) {
+    const std::string name = absl::StrCat("c", i);
+    const std::string prefix = JoinKey(request.prefix, name);
+    GlooStore store(request.store, prefix, deadline);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    try {
+      auto context = std::make_shared<gloo::rendezvous::Context>(
+          request.node_rank, request.num_nodes);
+      // Bounds each store wait (GlooStore also stops at the deadline) and
+      // each connection; gloo waits up to 5x this for a peer that published
+      // its address but never connects.
+      context->setTimeout(std::max(left, std::chrono::milliseconds(1)));
+      std::shared_ptr<gloo::transport::Device> device = device_;
+      context->connectFullMesh(store, device);
+      communicators.push_back(std::make_unique<GlooCommunicator>(
+          std::move(context), name, options_.max_segment_bytes));
+    } catch (...) {
+      return ConnectError(request, name, prefix, store, CurrentExceptionText());
+    }
+  }
+  return communicators;
+}
+
+// ---------------------------------------------------------------------------
+// GlooCommunicator
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::Context> context,
+                                   std::string name, size_t max_segment_bytes)
+    : context_(std::move(context)),
+      name_(std::move(name)),
+      rank_(context_->rank),
+      size_(context_->size),
+      max_segment_bytes_(max_segment_bytes) {}
+
+GlooCommunicator::~GlooCommunicator() = default;
+
+std::string GlooCommunicator::Describe() const {
+  return absl::StrCat("communicator ", name_, " of ", size_,
+                      " nodes (node rank ", rank_, ")");
+}
+
+absl::Status GlooCommunicator::CheckUsable(
+    const CollectiveOptions& options) const {
+  if (poisoned()) {
+    absl::MutexLock lock(&mu_);
+    return absl::FailedPreconditionError(
+        absl::StrCat("communicator poisoned by ", poison_.ToString(),
+                     "; build a new communicator"));
+  }
+  if (options.timeout <= std::chrono::milliseconds(0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CollectiveOptions.timeout is ", options.timeout.count(),
+                     " ms on ", Describe(), ": give a positive timeout"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Op>
+absl::Status GlooCommunicator::Run(const std::string& what, Op&& op) {
+  std::string text;
+  try {
+    op();
+    return absl::OkStatus();
+  } catch (...) {
+    text = CurrentExceptionText();
+  }
+  const absl::Status status =
+      IsGlooTimeout(text) ? absl::DeadlineExceededError(absl::StrCat(
+                                what, " on ", Describe(), " timed out: ", text))
+                          : absl::UnavailableError(absl::StrCat(
+                                what, " on ", Describe(), " failed: ", text));
+  {
+    absl::MutexLock lock(&mu_);
+    poison_ = status;
+  }
+  poisoned_.store(true, std::memory_order_release);
+  // Peers blocked on this node fail now instead of after their timeout.
+  try {
+    context_->closeConnections();
+  } catch (...) {
+    // The connections are already broken; nothing more to close.
+  }
+  return status;
+}
+
+absl::Status GlooCommunicator::AllreduceSum(void* data, size_t count,
+                                            v1::DataType dtype,
+                                            const CollectiveOptions& options) {
+  if (absl::Status usable = CheckUsable(options); !usable.ok()) return usable;
+  const size_t element_size = ElementSize(dtype);
+  const PairwiseSum sum = element_size == 0 ? nullptr : PairwiseSumFor(dtype);
+  if (sum == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("allreduce on ", Describe(),
+                                                   ": unsupported data type ",
+                                                   DataTypeName(dtype)));
+  }
+  if (count == 0) return absl::OkStatus();
+  if (data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allreduce of ", count, " elements on ", Describe(), ": data is null"));
+  }
+  if (count > std::numeric_limits<size_t>::max() / element_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allreduce of ", count, " elements of ", DataTypeName(dtype), " on ",
+        Describe(), ": the size overflows"));
+  }
+  const std::string what = absl::StrCat("allreduce of ", count * element_size,
+                                        " bytes (", DataTypeName(dtype), ")");
+  return Run(what, [&] {
+    gloo::AllreduceOptions opts(context_);
+    WithElementType(element_size, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      opts.setOutput(static_cast<T*>(data), count);
+    });
+    opts.setReduceFunction(sum);
+    opts.setTag(WireTag(options.tag, count * element_size, dtype));
+    opts.setTimeout(options.timeout);
+    opts.setMaxSegmentSize(max_segment_bytes_);
+    gloo::allreduce(opts);
+  });
+}
+
+absl::Status GlooCommunicator::AllreduceMinInt64(
+    int64_t* data, size_t count, const CollectiveOptions& options) {
+  if (absl::Status usable = CheckUsable(options); !usable.ok()) return usable;
+  if (count == 0) return absl::OkStatus();
+  if (data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("allreduce-min of ", count,
+                                                   " int64 on ", Describe(),
+                                                   ": data is null"));
+  }
+  if (count > std::numeric_limits<size_t>::max() / sizeof(int64_t)) {
+    return absl::InvalidArgumentError(absl::StrCat("allreduce-min of ", count,
+                                                   " int64 on ", Describe(),
+                                                   ": the size overflows"));
+  }
+  const std::string what = absl::StrCat(
+      "allreduce-min of ", count * sizeof(int64_t), " bytes (int64)");
+  return Run(what, [&] {
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(data, count);
+    opts.setReduceFunction(&MinInt64);
+    opts.setTag(
+        WireTag(options.tag, count * sizeof(int64_t), kMinInt64WireKind));
+    opts.setTimeout(options.timeout);
+    opts.setMaxSegmentSize(max_segment_bytes_);
+    gloo::allreduce(opts);
+  });
+}
+
+absl::Status GlooCommunicator::Broadcast(void* data, size_t bytes, int root,
+                                         const CollectiveOptions& options) {
+  if (absl::Status usable = CheckUsable(options); !usable.ok()) return usable;
+  if (root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast on ", Describe(), ": root ", root,
+                     " is not a node rank (0..", size_ - 1, ")"));
+  }
+  if (bytes == 0) return absl::OkStatus();
+  if (data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "broadcast of ", bytes, " bytes on ", Describe(), ": data is null"));
+  }
+  const std::string what =
+      absl::StrCat("broadcast of ", bytes, " bytes from node rank ", root);
+  return Run(what, [&] {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+    opts.setRoot(root);
+    opts.setTag(WireTag(options.tag, bytes, 0));
+    opts.setTimeout(options.timeout);
+    gloo::broadcast(opts);
+  });
+}
+
+}  // namespace baton::agent

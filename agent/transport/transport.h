@@ -1,0 +1,90 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/transport/key_value_store.h"
+#include "baton/v1/common.pb.h"
+
+namespace baton::agent {
+
+// Options every collective takes. The timeout bounds the whole operation; a
+// collective that cannot finish in time fails with DEADLINE_EXCEEDED.
+struct CollectiveOptions {
+  std::chrono::milliseconds timeout{60000};
+  // Distinguishes operations that may be in flight at once on one
+  // communicator. Callers that use a communicator from one thread may leave
+  // it 0.
+  uint32_t tag = 0;
+};
+
+// One connected group of nodes (one gloo context, one NCCL communicator).
+//
+// Not thread-safe: one thread at a time calls its collectives. A failed
+// collective poisons the communicator: the failing call returns the error
+// (naming the operation and, where the transport knows it, the peer), the
+// connections are closed so that peers blocked on this node fail promptly
+// instead of waiting for their timeout, and every later call returns
+// FAILED_PRECONDITION. A poisoned communicator is never retried; the owner
+// builds a new one.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // This node's index in the group and the group's size.
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place: data[i] = sum over every member of data[i]. FLOAT16 and
+  // BFLOAT16 are added in float32 and rounded once per addition.
+  virtual absl::Status AllreduceSum(void* data, size_t count,
+                                    v1::DataType dtype,
+                                    const CollectiveOptions& options) = 0;
+
+  // In place: data[i] = min over every member of data[i]. Used for the
+  // scheduler's negotiation (max is min of the negation).
+  virtual absl::Status AllreduceMinInt64(int64_t* data, size_t count,
+                                         const CollectiveOptions& options) = 0;
+
+  // In place: every member gets `root`'s `bytes` bytes at data.
+  virtual absl::Status Broadcast(void* data, size_t bytes, int root,
+                                 const CollectiveOptions& options) = 0;
+
+  virtual bool poisoned() const = 0;
+};
+
+// What a node needs to connect its communicators for one (generation, epoch).
+struct ConnectRequest {
+  // This node's rank among `num_nodes` (node ranks from the membership).
+  int node_rank = 0;
+  int num_nodes = 1;
+  // Keys of this connection live under this prefix in `store`; a prefix is
+  // never reused (generation and rebuild epoch are part of it).
+  std::string prefix;
+  std::shared_ptr<KeyValueStore> store;
+  // Communicators to connect; each is its own set of TCP connections.
+  int count = 1;
+  // Bounds connecting (waiting for peers' addresses and connecting to them).
+  std::chrono::milliseconds timeout{60000};
+};
+
+// Builds communicators. One per agent process; thread-safe.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Connects `request.count` communicators among the nodes. Fails with
+  // DEADLINE_EXCEEDED naming the missing peers when they do not show up in
+  // time, ABORTED when the store says the generation is over, UNAVAILABLE on
+  // a connection error.
+  virtual absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> Connect(
+      const ConnectRequest& request) = 0;
+};
+
+}  // namespace baton::agent

@@ -1,0 +1,349 @@
+#include "baton/client.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "baton/v1/trainer.grpc.pb.h"
+#include "common/shm.h"
+#include "grpcpp/grpcpp.h"
+
+namespace baton {
+namespace {
+
+// Reads an integer variable; `fallback` when unset.
+absl::StatusOr<int64_t> IntFromEnv(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  int64_t parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable ", name, "=\"", value, "\" is not an integer"));
+  }
+  return parsed;
+}
+
+std::string StringFromEnv(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value == nullptr || *value == '\0' ? fallback : value;
+}
+
+}  // namespace
+
+absl::StatusOr<ClientOptions> ClientOptions::FromEnvironment() {
+  ClientOptions o;
+  o.socket = StringFromEnv("BATON_AGENT_SOCKET", o.socket);
+  o.job = StringFromEnv("BATON_JOB", "");
+  if (o.job.empty()) {
+    return absl::InvalidArgumentError(
+        "BATON_JOB is not set: name the job this trainer belongs to");
+  }
+  absl::StatusOr<int64_t> v = IntFromEnv("LOCAL_RANK", 0);
+  if (!v.ok()) return v.status();
+  o.local_rank = static_cast<int32_t>(*v);
+  v = IntFromEnv("LOCAL_WORLD_SIZE", 1);
+  if (!v.ok()) return v.status();
+  o.local_size = static_cast<int32_t>(*v);
+  absl::StatusOr<int64_t> world = IntFromEnv("WORLD_SIZE", o.local_size);
+  if (!world.ok()) return world.status();
+  v = IntFromEnv("BATON_NODES", o.local_size > 0 ? *world / o.local_size : 1);
+  if (!v.ok()) return v.status();
+  o.expected_nodes = static_cast<int32_t>(*v);
+  v = IntFromEnv("BATON_MIN_NODES", 0);
+  if (!v.ok()) return v.status();
+  o.min_nodes = static_cast<int32_t>(*v);
+  v = IntFromEnv("BATON_PARTITION_BYTES", 0);
+  if (!v.ok()) return v.status();
+  o.partition_bytes = *v;
+  o.scheduling = StringFromEnv("BATON_SCHEDULING", "");
+  return o;
+}
+
+bool Handle::Poll() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+absl::Status Handle::Wait(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("tensor #", index_, " step ", step_,
+                     " did not complete within ", timeout.count(), " ms"));
+  }
+  return status_;
+}
+
+int64_t Handle::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
+void Handle::Finish(absl::Status status, int64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_) return;
+  done_ = true;
+  status_ = std::move(status);
+  generation_ = generation;
+  cv_.notify_all();
+}
+
+class Client::Impl {
+ public:
+  absl::Status Start(const ClientOptions& options) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(16 << 20);
+    channel_ = grpc::CreateCustomChannel(
+        "unix:" + options.socket, grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::TrainerService::NewStub(channel_);
+    stream_ = stub_->TrainerSession(&context_);
+    v1::TrainerRequest request;
+    v1::AttachRequest* attach = request.mutable_attach();
+    attach->set_job(options.job);
+    attach->set_local_rank(options.local_rank);
+    attach->set_local_size(options.local_size);
+    attach->set_expected_nodes(options.expected_nodes);
+    attach->set_min_nodes(options.min_nodes);
+    attach->set_partition_bytes(options.partition_bytes);
+    attach->set_scheduling(options.scheduling);
+    attach->set_pid(getpid());
+    if (!Write(request)) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach the baton agent on ", options.socket,
+                       ": is baton-agent running there (BATON_AGENT_SOCKET)?"));
+    }
+    reader_ = std::thread([this] { ReadLoop(); });
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, options.attach_timeout,
+                      [this] { return attached_ || !stream_status_.ok(); })) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("job \"", options.job, "\" was not formed within ",
+                       options.attach_timeout.count(),
+                       " ms: are all its nodes' trainers started?"));
+    }
+    if (!attached_) return stream_status_;
+    return absl::OkStatus();
+  }
+
+  ~Impl() {
+    context_.TryCancel();
+    if (reader_.joinable()) reader_.join();
+  }
+
+  bool Write(v1::TrainerRequest& request) {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    request.set_seq(++seq_);
+    return stream_->Write(request);
+  }
+
+  void ReadLoop() {
+    v1::TrainerEvent event;
+    while (stream_->Read(&event)) Dispatch(event);
+    grpc::Status status = stream_->Finish();
+    const absl::Status lost =
+        status.ok()
+            ? absl::UnavailableError("the agent ended this trainer's session")
+            : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                           status.error_message());
+    std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Handle>> handles;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stream_status_ = lost;
+      handles.swap(handles_);
+      cv_.notify_all();
+    }
+    for (auto& [key, handle] : handles) handle->Finish(lost, 0);
+  }
+
+  void Dispatch(const v1::TrainerEvent& event) {
+    std::unique_lock<std::mutex> lock(mu_);
+    switch (event.body_case()) {
+      case v1::TrainerEvent::kAttached:
+        attached_ = true;
+        info_ = event.attached();
+        cv_.notify_all();
+        break;
+      case v1::TrainerEvent::kDeclared:
+      case v1::TrainerEvent::kError:
+        replies_[event.reply_to()] = event;
+        cv_.notify_all();
+        break;
+      case v1::TrainerEvent::kCompletion:
+      case v1::TrainerEvent::kFailed: {
+        const bool ok = event.has_completion();
+        const int32_t index =
+            ok ? event.completion().index() : event.failed().index();
+        const int64_t step =
+            ok ? event.completion().step() : event.failed().step();
+        auto it = handles_.find({index, step});
+        if (it == handles_.end()) break;
+        std::shared_ptr<Handle> handle = std::move(it->second);
+        handles_.erase(it);
+        lock.unlock();
+        if (ok) {
+          handle->Finish(absl::OkStatus(), event.completion().generation());
+        } else {
+          handle->Finish(
+              absl::Status(static_cast<absl::StatusCode>(event.failed().code()),
+                           event.failed().message()),
+              event.failed().generation());
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  absl::StatusOr<v1::TrainerEvent> Call(v1::TrainerRequest& request) {
+    if (!Write(request)) {
+      return absl::UnavailableError("the agent session is closed");
+    }
+    const uint64_t seq = request.seq();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock,
+             [&] { return replies_.count(seq) > 0 || !stream_status_.ok(); });
+    auto it = replies_.find(seq);
+    if (it == replies_.end()) return stream_status_;
+    v1::TrainerEvent reply = std::move(it->second);
+    replies_.erase(it);
+    return reply;
+  }
+
+  absl::StatusOr<std::shared_ptr<Handle>> Enqueue(const Tensor& tensor,
+                                                  int64_t step, bool average,
+                                                  int32_t root) {
+    auto handle = std::make_shared<Handle>(tensor.index(), step);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stream_status_.ok()) return stream_status_;
+      if (!handles_.emplace(std::make_pair(tensor.index(), step), handle)
+               .second) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("tensor \"", tensor.spec().name(), "\" step ", step,
+                         " is already pending"));
+      }
+    }
+    v1::TrainerRequest request;
+    v1::EnqueueRequest* enqueue = request.mutable_enqueue();
+    enqueue->set_index(tensor.index());
+    enqueue->set_step(step);
+    enqueue->set_average(average);
+    enqueue->set_root_rank(root);
+    if (!Write(request)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      handles_.erase({tensor.index(), step});
+      return absl::UnavailableError("the agent session is closed");
+    }
+    return handle;
+  }
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::TrainerService::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::TrainerRequest, v1::TrainerEvent>>
+      stream_;
+  std::thread reader_;
+
+  std::mutex write_mu_;
+  uint64_t seq_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool attached_ = false;
+  v1::Attached info_;
+  absl::Status stream_status_;
+  std::map<uint64_t, v1::TrainerEvent> replies_;
+  std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Handle>> handles_;
+  std::vector<SharedMemory> mappings_;
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const ClientOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  absl::Status status = impl->Start(options);
+  if (!status.ok()) return status;
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+int32_t Client::rank() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->info_.rank();
+}
+int32_t Client::size() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->info_.size();
+}
+int32_t Client::local_rank() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->info_.local_rank();
+}
+int32_t Client::local_size() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->info_.local_size();
+}
+int64_t Client::generation() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->info_.generation();
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
+    const std::vector<v1::TensorSpec>& specs) {
+  v1::TrainerRequest request;
+  for (const v1::TensorSpec& spec : specs) {
+    *request.mutable_declare()->add_tensors() = spec;
+  }
+  absl::StatusOr<v1::TrainerEvent> reply = impl_->Call(request);
+  if (!reply.ok()) return reply.status();
+  if (reply->has_error()) {
+    return absl::Status(static_cast<absl::StatusCode>(reply->error().code()),
+                        reply->error().message());
+  }
+  std::vector<std::shared_ptr<Tensor>> tensors;
+  for (const v1::DeclaredTensor& d : reply->declared().tensors()) {
+    absl::StatusOr<SharedMemory> memory =
+        SharedMemory::Open(d.shm_name(), static_cast<size_t>(d.shm_bytes()));
+    if (!memory.ok()) return memory.status();
+    uint8_t* base = memory->data();
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu_);
+      impl_->mappings_.push_back(std::move(*memory));
+    }
+    tensors.push_back(std::make_shared<Tensor>(
+        d.index(), specs[tensors.size()], d.size_bytes(), base,
+        d.input_offset(), d.output_offset()));
+  }
+  return tensors;
+}
+
+absl::StatusOr<std::shared_ptr<Handle>> Client::PushPullAsync(
+    const Tensor& tensor, int64_t step, bool average) {
+  return impl_->Enqueue(tensor, step, average, 0);
+}
+
+absl::StatusOr<std::shared_ptr<Handle>> Client::BroadcastAsync(
+    const Tensor& tensor, int64_t step, int32_t root_rank) {
+  return impl_->Enqueue(tensor, step, false, root_rank);
+}
+
+absl::Status Client::Detach(bool finished) {
+  v1::TrainerRequest request;
+  request.mutable_detach()->set_finished(finished);
+  if (!impl_->Write(request)) {
+    return absl::UnavailableError("the agent session is closed");
+  }
+  std::lock_guard<std::mutex> write_lock(impl_->write_mu_);
+  impl_->stream_->WritesDone();
+  return absl::OkStatus();
+}
+
+}  // namespace baton

@@ -1,0 +1,142 @@
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "baton/v1/common.pb.h"
+
+namespace baton {
+
+// How a trainer reaches its node's agent and which job it joins.
+struct ClientOptions {
+  // The agent's unix socket (BATON_AGENT_SOCKET).
+  std::string socket = "/tmp/baton-agent.sock";
+  // BATON_JOB.
+  std::string job;
+  // LOCAL_RANK / LOCAL_WORLD_SIZE.
+  int32_t local_rank = 0;
+  int32_t local_size = 1;
+  // Nodes of the job: BATON_NODES, else WORLD_SIZE / LOCAL_WORLD_SIZE.
+  int32_t expected_nodes = 1;
+  // BATON_MIN_NODES; 0 = expected_nodes.
+  int32_t min_nodes = 0;
+  // BATON_PARTITION_BYTES; 0 = the coordinator's default.
+  int64_t partition_bytes = 0;
+  // BATON_SCHEDULING: "priority", "fifo", or "" for the agent's default.
+  std::string scheduling;
+  // How long Connect waits for the job to be formed (every node joined).
+  std::chrono::milliseconds attach_timeout{300000};
+
+  // Reads the variables named above; INVALID_ARGUMENT names a bad one.
+  static absl::StatusOr<ClientOptions> FromEnvironment();
+};
+
+// A pending collective. Thread-safe; completed exactly once by the client's
+// reader thread.
+class Handle {
+ public:
+  // True once the operation finished (either way).
+  bool Poll() const;
+  // Waits for the outcome. DEADLINE_EXCEEDED when `timeout` passes first
+  // (the operation stays pending).
+  absl::Status Wait(
+      std::chrono::milliseconds timeout = std::chrono::hours(24)) const;
+
+  int32_t index() const { return index_; }
+  int64_t step() const { return step_; }
+  // The generation the agent ran it in (after completion).
+  int64_t generation() const;
+
+  // Internal: the client's reader thread finishes handles.
+  Handle(int32_t index, int64_t step) : index_(index), step_(step) {}
+  void Finish(absl::Status status, int64_t generation);
+
+ private:
+  const int32_t index_;
+  const int64_t step_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  absl::Status status_;
+  int64_t generation_ = 0;
+};
+
+// A declared tensor: its shared memory on this node. Write the input, enqueue,
+// wait, read the output.
+class Tensor {
+ public:
+  int32_t index() const { return index_; }
+  const v1::TensorSpec& spec() const { return spec_; }
+  int64_t size_bytes() const { return size_bytes_; }
+  // This trainer's input region and the result region. Valid while the
+  // client lives.
+  uint8_t* input() const { return base_ + input_offset_; }
+  const uint8_t* output() const { return base_ + output_offset_; }
+
+  Tensor(int32_t index, v1::TensorSpec spec, int64_t size_bytes, uint8_t* base,
+         int64_t input_offset, int64_t output_offset)
+      : index_(index),
+        spec_(std::move(spec)),
+        size_bytes_(size_bytes),
+        base_(base),
+        input_offset_(input_offset),
+        output_offset_(output_offset) {}
+
+ private:
+  int32_t index_;
+  v1::TensorSpec spec_;
+  int64_t size_bytes_;
+  uint8_t* base_;
+  int64_t input_offset_;
+  int64_t output_offset_;
+};
+
+// A trainer's connection to its agent: attach, declare, enqueue, wait.
+//
+// Thread-safe. One reader thread completes handles from the agent's event
+// stream; if the stream breaks every pending handle fails with UNAVAILABLE.
+class Client {
+ public:
+  // Connects, attaches and waits until the job's generation is sealed.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const ClientOptions& options);
+  ~Client();
+
+  int32_t rank() const;
+  int32_t size() const;
+  int32_t local_rank() const;
+  int32_t local_size() const;
+  int64_t generation() const;
+
+  // Declares tensors in order (every rank declares the same ones) and maps
+  // their shared memory.
+  absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Declare(
+      const std::vector<v1::TensorSpec>& specs);
+
+  // Sum (average) over every rank of the tensor's input, into its output.
+  absl::StatusOr<std::shared_ptr<Handle>> PushPullAsync(const Tensor& tensor,
+                                                        int64_t step,
+                                                        bool average);
+  // Every rank's output becomes `root_rank`'s input.
+  absl::StatusOr<std::shared_ptr<Handle>> BroadcastAsync(const Tensor& tensor,
+                                                         int64_t step,
+                                                         int32_t root_rank);
+
+  // Leaves the job; finished = training is done here.
+  absl::Status Detach(bool finished);
+
+  class Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace baton

@@ -1,0 +1,173 @@
+// The agent end to end: a real coordinator, baton-agent processes and
+// trainer processes (baton-test-trainer, on the client library) on loopback.
+#include <signal.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/agent/local_cluster.h"
+
+namespace baton {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Small partitions make "partition +/- 1" tensors small and big tensors
+// split into many partitions.
+constexpr char kPartition[] = "BATON_PARTITION_BYTES=65536";
+
+void ExpectAllPass(LocalCluster& cluster,
+                   const std::vector<ProcessExit>& exits) {
+  for (size_t i = 0; i < exits.size(); ++i) {
+    EXPECT_TRUE(exits[i].ok()) << Describe(cluster.trainer(i), exits[i]);
+    EXPECT_THAT(cluster.trainer(i).stdout_text(), HasSubstr("PASS"));
+  }
+}
+
+// Every agent must have launched the same partitions in the same order.
+void ExpectSameLaunches(LocalCluster& cluster, const std::string& job,
+                        int nodes) {
+  const std::vector<std::string> first = cluster.Launches(job, 1);
+  EXPECT_FALSE(first.empty());
+  for (int node = 2; node <= nodes; ++node) {
+    EXPECT_EQ(cluster.Launches(job, node), first)
+        << "launch order of node " << node << " differs from node 1";
+  }
+}
+
+TEST(AgentIntegrationTest, SumAverageBroadcastEveryDtypeOnUnevenNodes) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.Start(3).ok());
+  // 1 + 2 + 3 trainers: world size 6; steps 0 (sum, root 0) and 1 (average,
+  // root 1); a 100 MiB float32 tensor besides.
+  ASSERT_TRUE(
+      cluster
+          .StartTrainers("every-dtype", {1, 2, 3},
+                         {"--counts=1,p-1,p+1", "--big=100", "--steps=2"},
+                         {kPartition})
+          .ok());
+  ExpectAllPass(cluster, cluster.WaitTrainers(absl::Minutes(3)));
+  ExpectSameLaunches(cluster, "every-dtype", 3);
+}
+
+TEST(AgentIntegrationTest, RandomDelaysKeepOneLaunchOrderAndRightResults) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.Start(3).ok());
+  ASSERT_TRUE(cluster
+                  .StartTrainers("delays", {1, 1, 2},
+                                 {"--dtypes=float32,int64,bfloat16",
+                                  "--counts=1,p-1,p+1,40000", "--steps=4",
+                                  "--max_delay_ms=3"},
+                                 {kPartition})
+                  .ok());
+  ExpectAllPass(cluster, cluster.WaitTrainers(absl::Minutes(2)));
+  ExpectSameLaunches(cluster, "delays", 3);
+}
+
+TEST(AgentIntegrationTest, FifoModeGivesTheSameResults) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.Start(2, {}, {"--scheduling=fifo"}).ok());
+  ASSERT_TRUE(cluster
+                  .StartTrainers("fifo", {1, 2},
+                                 {"--dtypes=float32,int8", "--steps=2",
+                                  "--max_delay_ms=2"},
+                                 {kPartition})
+                  .ok());
+  ExpectAllPass(cluster, cluster.WaitTrainers(absl::Minutes(2)));
+  ExpectSameLaunches(cluster, "fifo", 2);
+  // No partitioning: one launch per tensor per step.
+  for (const std::string& line : cluster.Launches("fifo", 1)) {
+    EXPECT_THAT(line, HasSubstr("partition=0 ")) << line;
+  }
+}
+
+// Fields of one launch trace line ("generation=1 seq=0 tensor=3 ...").
+int64_t Field(const std::string& line, const std::string& name) {
+  for (absl::string_view part : absl::StrSplit(line, ' ')) {
+    if (absl::StartsWith(part, name + "=")) {
+      int64_t value = 0;
+      if (absl::SimpleAtoi(part.substr(name.size() + 1), &value)) return value;
+    }
+  }
+  return -1;
+}
+
+TEST(AgentIntegrationTest, UrgentTensorOvertakesTheRestOfALargeOne) {
+  LocalCluster cluster;
+  // 1 MiB partitions, 2 MiB of credit: the 32 MiB tensor goes out two
+  // partitions at a time.
+  ASSERT_TRUE(cluster.Start(2, {}, {"--credit_bytes=2097152"}).ok());
+  ASSERT_TRUE(cluster
+                  .StartTrainers(
+                      "priority", {1, 1},
+                      {"--scenario=priority", "--count=8388608", "--steps=3"},
+                      {"BATON_PARTITION_BYTES=1048576"})
+                  .ok());
+  ExpectAllPass(cluster, cluster.WaitTrainers(absl::Minutes(2)));
+  ExpectSameLaunches(cluster, "priority", 2);
+  // Per step: the urgent tensor (declared first: id 0) launches before the
+  // large one's (id 1) last partition, although it was enqueued after it.
+  const std::vector<std::string> launches = cluster.Launches("priority", 1);
+  for (int64_t step = 0; step < 3; ++step) {
+    int64_t urgent = -1;
+    int64_t last_large = -1;
+    int large_before_urgent = 0;
+    for (const std::string& line : launches) {
+      if (Field(line, "step") != step) continue;
+      if (Field(line, "tensor") == 0) urgent = Field(line, "seq");
+      if (Field(line, "tensor") == 1) {
+        last_large = Field(line, "seq");
+        if (urgent < 0) ++large_before_urgent;
+      }
+    }
+    ASSERT_GE(urgent, 0) << "step " << step;
+    EXPECT_LT(urgent, last_large)
+        << "step " << step << ": the urgent tensor waited for all of the "
+        << "large one";
+    EXPECT_LT(large_before_urgent, 32)
+        << "step " << step << ": the urgent tensor waited for all 32 "
+        << "partitions of the large one";
+  }
+}
+
+TEST(AgentIntegrationTest, KilledAgentFailsSurvivorsNamingTheLostNode) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.Start(3).ok());
+  // 16 MiB allreduces back to back: the kill lands mid-collective.
+  ASSERT_TRUE(cluster
+                  .StartTrainers(
+                      "kill", {1, 1, 1},
+                      {"--scenario=loop", "--count=4194304", "--steps=100000"})
+                  .ok());
+  // Wait until training runs.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!absl::StrContains(cluster.trainer(0).stdout_text(), "step 2 ok") &&
+         absl::Now() < deadline && cluster.trainer(0).running()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const absl::Time killed = absl::Now();
+  cluster.agent(3).Kill();
+  // Liveness bound: 6 s by default, plus the coordinator's tick.
+  const absl::Duration bound = absl::Seconds(6) + absl::Milliseconds(500);
+  for (size_t i = 0; i < 2; ++i) {
+    const ProcessExit exit = cluster.trainer(i).Wait(absl::Seconds(30));
+    const absl::Duration took = absl::Now() - killed;
+    const std::string out = cluster.trainer(i).stdout_text();
+    EXPECT_TRUE(exit.exited && exit.exit_code == 3)
+        << Describe(cluster.trainer(i), exit);
+    EXPECT_LT(took, bound) << Describe(cluster.trainer(i), exit);
+    EXPECT_THAT(out, HasSubstr("FAILED")) << out;
+    EXPECT_THAT(out, HasSubstr("node n3")) << out;
+  }
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,75 @@
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "agent/transport/gloo/gloo_transport.h"
+#include "gtest/gtest.h"
+#include "tests/unit/agent/transport/memory_store.h"
+
+// Test helpers for the gloo transport: N nodes as N threads of one process,
+// each with its own GlooTransport on loopback, sharing an in-memory store.
+
+namespace baton::agent {
+
+inline constexpr std::chrono::milliseconds kConnectTimeout{10000};
+
+// Runs fn(rank) on `nodes` threads and joins them.
+inline void OnEveryNode(int nodes, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < nodes; ++rank) threads.emplace_back(fn, rank);
+  for (std::thread& thread : threads) thread.join();
+}
+
+// `nodes` agents, each with its own transport, sharing one store.
+struct Cluster {
+  std::shared_ptr<MemoryKeyValueStore> store =
+      std::make_shared<MemoryKeyValueStore>();
+  std::vector<std::unique_ptr<GlooTransport>> transports;
+  // [node rank][communicator index]
+  std::vector<std::vector<std::unique_ptr<Communicator>>> communicators;
+
+  explicit Cluster(int nodes, GlooTransport::Options options = {}) {
+    for (int rank = 0; rank < nodes; ++rank) {
+      auto transport = GlooTransport::Create("127.0.0.1", options);
+      EXPECT_TRUE(transport.ok()) << transport.status();
+      transports.push_back(std::move(transport).value());
+    }
+    communicators.resize(nodes);
+  }
+
+  int nodes() const { return static_cast<int>(transports.size()); }
+
+  ConnectRequest Request(int rank, int count,
+                         std::chrono::milliseconds timeout) const {
+    ConnectRequest request;
+    request.node_rank = rank;
+    request.num_nodes = nodes();
+    request.prefix = "baton/job/1/";
+    request.store = store;
+    request.count = count;
+    request.timeout = timeout;
+    return request;
+  }
+
+  // Connects `count` communicators on every node; true when all did.
+  bool Connect(int count = 1) {
+    OnEveryNode(nodes(), [&](int rank) {
+      auto connected =
+          transports[rank]->Connect(Request(rank, count, kConnectTimeout));
+      ASSERT_TRUE(connected.ok())
+          << "node " << rank << ": " << connected.status();
+      communicators[rank] = std::move(connected).value();
+    });
+    for (const auto& node : communicators) {
+      if (node.size() != static_cast<size_t>(count)) return false;
+    }
+    return true;
+  }
+};
+
+}  // namespace baton::agent

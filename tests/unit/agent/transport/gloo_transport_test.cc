@@ -1,0 +1,548 @@
+// The gloo transport with N nodes as N threads in one process, each node with
+// its own GlooTransport (its own TCP device) on loopback, bootstrapped through
+// an in-memory store.
+#include "agent/transport/gloo/gloo_transport.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "agent/reduce.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/agent/transport/gloo_cluster.h"
+
+namespace baton::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr milliseconds kOpTimeout{10000};
+// Error tests: how long a peer may stay silent before the operation fails,
+// and the bound on how long a failure may take to surface (scheduling slack
+// on a loaded 2-core machine included).
+constexpr milliseconds kShortTimeout{500};
+constexpr milliseconds kFailFast{3000};
+
+milliseconds Since(SteadyClock::time_point start) {
+  return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - start);
+}
+
+// --- Test data: small integers, exact in every type, sums bit-exact. -------
+
+uint16_t HalfBits(int64_t value) {
+  if (value == 0) return 0;
+  const uint16_t sign = value < 0 ? 0x8000 : 0;
+  float magnitude = static_cast<float>(value < 0 ? -value : value);
+  uint32_t bits;
+  std::memcpy(&bits, &magnitude, sizeof bits);
+  const uint32_t exponent = ((bits >> 23) & 0xff) - 127 + 15;
+  return static_cast<uint16_t>(sign | (exponent << 10) |
+                               ((bits >> 13) & 0x3ff));
+}
+
+uint16_t BFloat16Bits(int64_t value) {
+  const float f = static_cast<float>(value);
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// Writes `value` as element i of a `dtype` array.
+void WriteElement(v1::DataType dtype, void* data, size_t i, int64_t value) {
+  switch (dtype) {
+    case v1::DATA_TYPE_FLOAT32:
+      static_cast<float*>(data)[i] = static_cast<float>(value);
+      return;
+    case v1::DATA_TYPE_FLOAT64:
+      static_cast<double*>(data)[i] = static_cast<double>(value);
+      return;
+    case v1::DATA_TYPE_FLOAT16:
+      static_cast<uint16_t*>(data)[i] = HalfBits(value);
+      return;
+    case v1::DATA_TYPE_BFLOAT16:
+      static_cast<uint16_t*>(data)[i] = BFloat16Bits(value);
+      return;
+    case v1::DATA_TYPE_INT32:
+      static_cast<int32_t*>(data)[i] = static_cast<int32_t>(value);
+      return;
+    case v1::DATA_TYPE_INT64:
+      static_cast<int64_t*>(data)[i] = value;
+      return;
+    case v1::DATA_TYPE_UINT8:
+      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(value);
+      return;
+    case v1::DATA_TYPE_INT8:
+      static_cast<int8_t*>(data)[i] = static_cast<int8_t>(value);
+      return;
+    default:
+      FAIL() << "no test encoding for data type " << dtype;
+  }
+}
+
+bool IsUnsigned(v1::DataType dtype) { return dtype == v1::DATA_TYPE_UINT8; }
+
+// Node `rank`'s element i: 0..31 (unsigned) or -8..23, so that the sum over
+// 4 nodes fits int8 and is exact in bfloat16.
+int64_t Value(int rank, size_t i, v1::DataType dtype) {
+  const int64_t v = static_cast<int64_t>((i * 7 + rank * 13) % 32);
+  return IsUnsigned(dtype) ? v : v - 8;
+}
+
+constexpr v1::DataType kAllTypes[] = {
+    v1::DATA_TYPE_FLOAT32,  v1::DATA_TYPE_FLOAT64, v1::DATA_TYPE_FLOAT16,
+    v1::DATA_TYPE_BFLOAT16, v1::DATA_TYPE_INT32,   v1::DATA_TYPE_INT64,
+    v1::DATA_TYPE_UINT8,    v1::DATA_TYPE_INT8};
+
+// Index of the first byte where a and b differ, or -1.
+int64_t FirstDifference(const std::vector<uint8_t>& a,
+                        const std::vector<uint8_t>& b) {
+  const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin());
+  return ia == a.end() ? -1 : ia - a.begin();
+}
+
+// --- Collectives over node counts and sizes --------------------------------
+
+enum class Size { kOneElement, kOdd, kLarge };
+
+// Elements of `element_size` bytes for `size`; kLarge is 4 MiB + 1 element:
+// several segments per peer, and a chunk that does not divide evenly.
+size_t Elements(Size size, size_t element_size) {
+  switch (size) {
+    case Size::kOneElement:
+      return 1;
+    case Size::kOdd:
+      return 1001;
+    case Size::kLarge:
+      return (size_t{4} << 20) / element_size + 1;
+  }
+  return 0;
+}
+
+class GlooCollectivesTest
+    : public ::testing::TestWithParam<std::tuple<int, Size>> {
+ protected:
+  int nodes() const { return std::get<0>(GetParam()); }
+  Size size() const { return std::get<1>(GetParam()); }
+};
+
+TEST_P(GlooCollectivesTest, AllreduceSumIsExactForEveryType) {
+  Cluster cluster(nodes());
+  ASSERT_TRUE(cluster.Connect());
+  for (v1::DataType dtype : kAllTypes) {
+    SCOPED_TRACE(v1::DataType_Name(dtype));
+    const size_t element_size = ElementSize(dtype);
+    const size_t count = Elements(size(), element_size);
+    std::vector<uint8_t> expected(count * element_size);
+    for (size_t i = 0; i < count; ++i) {
+      int64_t sum = 0;
+      for (int rank = 0; rank < nodes(); ++rank) sum += Value(rank, i, dtype);
+      WriteElement(dtype, expected.data(), i, sum);
+    }
+    OnEveryNode(nodes(), [&](int rank) {
+      std::vector<uint8_t> data(count * element_size);
+      for (size_t i = 0; i < count; ++i) {
+        WriteElement(dtype, data.data(), i, Value(rank, i, dtype));
+      }
+      const absl::Status status = cluster.communicators[rank][0]->AllreduceSum(
+          data.data(), count, dtype, CollectiveOptions{kOpTimeout, 0});
+      ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
+      EXPECT_EQ(FirstDifference(data, expected), -1)
+          << "node " << rank << " (byte index of the first wrong value)";
+    });
+  }
+}
+
+TEST_P(GlooCollectivesTest, AllreduceMinInt64) {
+  Cluster cluster(nodes());
+  ASSERT_TRUE(cluster.Connect());
+  const size_t count = Elements(size(), sizeof(int64_t));
+  // Node r holds the extreme values at the indices i with i % 5 == r.
+  auto value = [](int rank, size_t i) -> int64_t {
+    if (i % 5 == static_cast<size_t>(rank)) {
+      return std::numeric_limits<int64_t>::min() + static_cast<int64_t>(i);
+    }
+    return int64_t{1000000000000} * rank - static_cast<int64_t>(i);
+  };
+  OnEveryNode(nodes(), [&](int rank) {
+    std::vector<int64_t> data(count);
+    for (size_t i = 0; i < count; ++i) data[i] = value(rank, i);
+    const absl::Status status =
+        cluster.communicators[rank][0]->AllreduceMinInt64(
+            data.data(), count, CollectiveOptions{kOpTimeout, 0});
+    ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
+    for (size_t i = 0; i < count; ++i) {
+      int64_t expected = std::numeric_limits<int64_t>::max();
+      for (int r = 0; r < nodes(); ++r)
+        expected = std::min(expected, value(r, i));
+      ASSERT_EQ(data[i], expected) << "node " << rank << " index " << i;
+    }
+  });
+}
+
+TEST_P(GlooCollectivesTest, BroadcastFromEveryRoot) {
+  Cluster cluster(nodes());
+  ASSERT_TRUE(cluster.Connect());
+  const size_t bytes = Elements(size(), 1);
+  auto pattern = [](int rank, size_t i) {
+    return static_cast<uint8_t>(i * 31 + rank * 101 + 7);
+  };
+  for (int root = 0; root < nodes(); ++root) {
+    SCOPED_TRACE(absl::StrCat("root ", root));
+    std::vector<uint8_t> expected(bytes);
+    for (size_t i = 0; i < bytes; ++i) expected[i] = pattern(root, i);
+    OnEveryNode(nodes(), [&](int rank) {
+      std::vector<uint8_t> data(bytes);
+      for (size_t i = 0; i < bytes; ++i) data[i] = pattern(rank, i);
+      const absl::Status status = cluster.communicators[rank][0]->Broadcast(
+          data.data(), bytes, root, CollectiveOptions{kOpTimeout, 0});
+      ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
+      EXPECT_EQ(FirstDifference(data, expected), -1) << "node " << rank;
+    });
+  }
+}
+
+std::string SizeName(Size size) {
+  switch (size) {
+    case Size::kOneElement:
+      return "OneElement";
+    case Size::kOdd:
+      return "1001Elements";
+    case Size::kLarge:
+      return "4MiBPlusOneElement";
+  }
+  return "";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    NodesAndSizes, GlooCollectivesTest,
+    ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                       ::testing::Values(Size::kOneElement, Size::kOdd,
+                                         Size::kLarge)),
+    [](const ::testing::TestParamInfo<std::tuple<int, Size>>& info) {
+      return absl::StrCat(std::get<0>(info.param), "Nodes_",
+                          SizeName(std::get<1>(info.param)));
+    });
+
+// --- Several communicators ---------------------------------------------------
+
+class GlooCommunicatorsTest : public ::testing::TestWithParam<int> {};
+
+// Each communicator is its own set of connections: one thread per
+// communicator, all at once, different data on each, every result right.
+TEST_P(GlooCommunicatorsTest, ParallelCommunicatorsKeepTheirData) {
+  const int nodes = GetParam();
+  constexpr int kCommunicators = 3;
+  constexpr int kRounds = 4;
+  constexpr size_t kCount = (size_t{1} << 18) + 3;
+  Cluster cluster(nodes);
+  ASSERT_TRUE(cluster.Connect(kCommunicators));
+  for (int rank = 0; rank < nodes; ++rank) {
+    for (int c = 0; c < kCommunicators; ++c) {
+      EXPECT_EQ(cluster.communicators[rank][c]->rank(), rank);
+      EXPECT_EQ(cluster.communicators[rank][c]->size(), nodes);
+    }
+  }
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < nodes; ++rank) {
+    for (int c = 0; c < kCommunicators; ++c) {
+      threads.emplace_back([&, rank, c] {
+        Communicator& communicator = *cluster.communicators[rank][c];
+        for (int round = 0; round < kRounds; ++round) {
+          const int salt = c * 100 + round;
+          std::vector<float> data(kCount);
+          for (size_t i = 0; i < kCount; ++i) {
+            data[i] = static_cast<float>((i + salt + rank * 3) % 1000);
+          }
+          const absl::Status status = communicator.AllreduceSum(
+              data.data(), kCount, v1::DATA_TYPE_FLOAT32,
+              CollectiveOptions{kOpTimeout, 0});
+          ASSERT_TRUE(status.ok()) << status;
+          for (size_t i = 0; i < kCount; ++i) {
+            float expected = 0;
+            for (int r = 0; r < nodes; ++r) {
+              expected += static_cast<float>((i + salt + r * 3) % 1000);
+            }
+            ASSERT_EQ(data[i], expected)
+                << "node " << rank << " communicator " << c << " round "
+                << round << " index " << i;
+          }
+        }
+      });
+    }
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, GlooCommunicatorsTest,
+                         ::testing::Values(1, 2, 3, 4));
+
+// --- Failures ----------------------------------------------------------------
+
+class GlooFailureTest : public ::testing::TestWithParam<int> {};
+
+// A node that drops its communicator (a crashed agent) makes every other
+// node fail promptly, even those not next to it in the ring and even with a
+// long timeout: each survivor closes its connections on error.
+TEST_P(GlooFailureTest, PeerThatDestroysItsCommunicatorFailsEveryOtherNode) {
+  const int nodes = GetParam();
+  Cluster cluster(nodes);
+  ASSERT_TRUE(cluster.Connect());
+  constexpr size_t kCount = size_t{1} << 20;
+  const std::string what = absl::StrCat(
+      "allreduce of 4194304 bytes (float32) on communicator c0 of ", nodes,
+      " nodes");
+  OnEveryNode(nodes, [&](int rank) {
+    auto& communicator = cluster.communicators[rank][0];
+    if (rank == nodes - 1) {
+      communicator.reset();
+      return;
+    }
+    std::vector<float> data(kCount, 1.0f);
+    const auto start = SteadyClock::now();
+    const absl::Status status =
+        communicator->AllreduceSum(data.data(), kCount, v1::DATA_TYPE_FLOAT32,
+                                   CollectiveOptions{kOpTimeout, 0});
+    EXPECT_LT(Since(start).count(), kFailFast.count())
+        << "node " << rank << ": " << status;
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable)
+        << "node " << rank << ": " << status;
+    EXPECT_THAT(status.message(), HasSubstr(what)) << "node " << rank;
+    EXPECT_TRUE(communicator->poisoned());
+
+    const absl::Status again =
+        communicator->AllreduceSum(data.data(), kCount, v1::DATA_TYPE_FLOAT32,
+                                   CollectiveOptions{kOpTimeout, 0});
+    EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+    EXPECT_THAT(again.message(), HasSubstr("communicator poisoned by"));
+    EXPECT_THAT(again.message(), HasSubstr(what));
+    int64_t value = 1;
+    EXPECT_EQ(communicator
+                  ->Broadcast(&value, sizeof value, 0,
+                              CollectiveOptions{kOpTimeout, 0})
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
+  });
+}
+
+// A node that stays connected but never joins the collective: the others
+// time out after the configured timeout (not gloo's 30 s default) instead
+// of hanging, and the silent node fails at once when it finally calls.
+TEST_P(GlooFailureTest, SilentPeerMakesOthersTimeOut) {
+  const int nodes = GetParam();
+  Cluster cluster(nodes);
+  ASSERT_TRUE(cluster.Connect());
+  constexpr size_t kCount = 1000;
+  std::vector<absl::Status> statuses(nodes);
+  OnEveryNode(nodes - 1, [&](int rank) {
+    std::vector<float> data(kCount, 1.0f);
+    const auto start = SteadyClock::now();
+    statuses[rank] = cluster.communicators[rank][0]->AllreduceSum(
+        data.data(), kCount, v1::DATA_TYPE_FLOAT32,
+        CollectiveOptions{kShortTimeout, 0});
+    EXPECT_LT(Since(start).count(), (kShortTimeout + kFailFast).count())
+        << "node " << rank << ": " << statuses[rank];
+  });
+  int timed_out = 0;
+  for (int rank = 0; rank < nodes - 1; ++rank) {
+    EXPECT_THAT(statuses[rank].code(),
+                AnyOf(absl::StatusCode::kDeadlineExceeded,
+                      absl::StatusCode::kUnavailable))
+        << "node " << rank << ": " << statuses[rank];
+    if (statuses[rank].code() == absl::StatusCode::kDeadlineExceeded) {
+      ++timed_out;
+      EXPECT_THAT(statuses[rank].message(), HasSubstr("timed out"));
+    }
+    EXPECT_TRUE(cluster.communicators[rank][0]->poisoned());
+  }
+  EXPECT_GE(timed_out, 1);
+
+  // The silent node's peers closed their connections to it.
+  std::vector<float> data(kCount, 1.0f);
+  const auto start = SteadyClock::now();
+  const absl::Status late = cluster.communicators[nodes - 1][0]->AllreduceSum(
+      data.data(), kCount, v1::DATA_TYPE_FLOAT32,
+      CollectiveOptions{kShortTimeout, 0});
+  EXPECT_THAT(late.code(), AnyOf(absl::StatusCode::kDeadlineExceeded,
+                                 absl::StatusCode::kUnavailable))
+      << late;
+  EXPECT_LT(Since(start).count(), (kShortTimeout + kFailFast).count()) << late;
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, GlooFailureTest, ::testing::Values(2, 3, 4));
+
+// Regression: gloo's event-loop thread threw (std::terminate, the whole
+// agent gone) when a peer's message was larger than the receive posted for
+// it. Nodes that disagree on size or type now fail the operation instead.
+TEST(GlooMismatchTest, NodesThatDisagreeOnSizeOrTypeFailInsteadOfCrashing) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.Connect(3));
+  std::vector<absl::Status> sizes(2), types(2), broadcasts(2);
+  OnEveryNode(2, [&](int rank) {
+    const CollectiveOptions options{kShortTimeout, 0};
+    std::vector<float> data(rank == 0 ? 1000 : 3000, 1.0f);
+    sizes[rank] = cluster.communicators[rank][0]->AllreduceSum(
+        data.data(), data.size(), v1::DATA_TYPE_FLOAT32, options);
+    // Same bytes, different element size: different segment sizes.
+    std::vector<uint8_t> bytes(4002);
+    types[rank] = cluster.communicators[rank][1]->AllreduceSum(
+        bytes.data(), rank == 0 ? 1000 : 2001,
+        rank == 0 ? v1::DATA_TYPE_FLOAT32 : v1::DATA_TYPE_FLOAT16, options);
+    broadcasts[rank] = cluster.communicators[rank][2]->Broadcast(
+        bytes.data(), rank == 0 ? 4002 : 100, 0, options);
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const absl::Status& status :
+         {sizes[rank], types[rank], broadcasts[rank]}) {
+      EXPECT_THAT(status.code(), AnyOf(absl::StatusCode::kDeadlineExceeded,
+                                       absl::StatusCode::kUnavailable))
+          << "node " << rank << ": " << status;
+    }
+  }
+}
+
+TEST(GlooConnectTest, MissingPeerGivesDeadlineExceededNamingIt) {
+  Cluster cluster(3);
+  std::vector<absl::Status> statuses(2);
+  OnEveryNode(2, [&](int rank) {
+    const auto start = SteadyClock::now();
+    statuses[rank] = cluster.transports[rank]
+                         ->Connect(cluster.Request(rank, 2, kShortTimeout))
+                         .status();
+    EXPECT_LT(Since(start).count(), (kShortTimeout + kFailFast).count())
+        << statuses[rank];
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(statuses[rank].code(), absl::StatusCode::kDeadlineExceeded)
+        << statuses[rank];
+    EXPECT_THAT(statuses[rank].message(),
+                HasSubstr("node rank(s) 2 did not publish their gloo address"));
+    EXPECT_THAT(statuses[rank].message(),
+                HasSubstr("communicator c0 of 3 nodes"));
+    EXPECT_THAT(statuses[rank].message(), HasSubstr("baton/job/1/c0/2"));
+  }
+}
+
+TEST(GlooConnectTest, AbortedStoreGivesAborted) {
+  Cluster cluster(2);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    cluster.store->Abort(absl::AbortedError(
+        "job \"job\" generation 1 was aborted while this Get waited"));
+  });
+  const auto start = SteadyClock::now();
+  const absl::Status status =
+      cluster.transports[0]
+          ->Connect(cluster.Request(0, 1, kConnectTimeout))
+          .status();
+  aborter.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+  EXPECT_THAT(status.message(), HasSubstr("was aborted while this Get waited"));
+  EXPECT_LT(Since(start).count(), kFailFast.count());
+}
+
+TEST(GlooConnectTest, InvalidRequestsAreRejected) {
+  Cluster cluster(1);
+  GlooTransport& transport = *cluster.transports[0];
+  ConnectRequest request = cluster.Request(0, 1, kShortTimeout);
+  request.node_rank = 1;
+  EXPECT_EQ(transport.Connect(request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  request = cluster.Request(0, 0, kShortTimeout);
+  EXPECT_EQ(transport.Connect(request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  request = cluster.Request(0, 1, kShortTimeout);
+  request.store = nullptr;
+  EXPECT_EQ(transport.Connect(request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  request = cluster.Request(0, 1, kShortTimeout);
+  request.prefix.clear();
+  EXPECT_EQ(transport.Connect(request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  request = cluster.Request(0, 1, milliseconds(0));
+  EXPECT_EQ(transport.Connect(request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GlooConnectTest, AddressThatIsNotLocalIsRejected) {
+  // 192.0.2.0/24 is TEST-NET-1: never an address of this machine.
+  const auto transport = GlooTransport::Create("192.0.2.1");
+  EXPECT_EQ(transport.status().code(), absl::StatusCode::kInvalidArgument)
+      << transport.status();
+  EXPECT_THAT(transport.status().message(), HasSubstr("192.0.2.1"));
+}
+
+// Regression: gloo's own lookup ignores getaddrinfo's error and crashed
+// (SIGSEGV) on a name that does not resolve.
+TEST(GlooConnectTest, NameThatDoesNotResolveIsRejected) {
+  const auto transport = GlooTransport::Create("no-such-host.invalid");
+  EXPECT_EQ(transport.status().code(), absl::StatusCode::kInvalidArgument)
+      << transport.status();
+  EXPECT_THAT(transport.status().message(),
+              HasSubstr("cannot resolve the data-plane address"));
+}
+
+// Bad arguments are answered without touching the network: no node hangs
+// and the communicator stays usable.
+TEST(GlooArgumentsTest, InvalidArgumentsDoNotPoison) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.Connect());
+  const CollectiveOptions options{kOpTimeout, 0};
+  OnEveryNode(2, [&](int rank) {
+    Communicator& communicator = *cluster.communicators[rank][0];
+    EXPECT_EQ(
+        communicator.AllreduceSum(nullptr, 4, v1::DATA_TYPE_FLOAT32, options)
+            .code(),
+        absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(
+        communicator.AllreduceSum(nullptr, 0, v1::DATA_TYPE_FLOAT32, options)
+            .ok());
+    float x = 1;
+    const absl::Status unspecified =
+        communicator.AllreduceSum(&x, 1, v1::DATA_TYPE_UNSPECIFIED, options);
+    EXPECT_EQ(unspecified.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(unspecified.message(), HasSubstr("unsupported data type"));
+    EXPECT_EQ(
+        communicator.AllreduceSum(&x, 1, static_cast<v1::DataType>(99), options)
+            .code(),
+        absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(communicator
+                  .AllreduceSum(&x, 1, v1::DATA_TYPE_FLOAT32,
+                                CollectiveOptions{milliseconds(0), 0})
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(communicator.AllreduceMinInt64(nullptr, 3, options).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(communicator.AllreduceMinInt64(nullptr, 0, options).ok());
+    const absl::Status root = communicator.Broadcast(&x, sizeof x, 2, options);
+    EXPECT_EQ(root.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(root.message(), HasSubstr("root 2 is not a node rank"));
+    EXPECT_EQ(communicator.Broadcast(&x, sizeof x, -1, options).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(communicator.Broadcast(nullptr, 4, 0, options).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(communicator.Broadcast(nullptr, 0, 0, options).ok());
+    EXPECT_FALSE(communicator.poisoned());
+
+    std::vector<int32_t> data(10, rank + 1);
+    const absl::Status status = communicator.AllreduceSum(
+        data.data(), data.size(), v1::DATA_TYPE_INT32, options);
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(data, std::vector<int32_t>(10, 3));
+  });
+}
+
+}  // namespace
+}  // namespace baton::agent
