@@ -32,9 +32,7 @@ struct FreeDeleter {
 };
 using Buffer = std::unique_ptr<uint8_t, FreeDeleter>;
 
-// kMaxSources sources and one destination of `bytes` each, filled with
-// ordinary finite values of `dtype` (no NaN, no subnormals) so that timing
-// reflects real gradients.
+// kMaxSources sources and one destination of `bytes` each.
 struct Buffers {
   std::vector<Buffer> srcs;
   Buffer dst;
@@ -49,6 +47,7 @@ Buffer Allocate(size_t bytes) {
   return Buffer(p);
 }
 
+// Ordinary finite values of `dtype` (no NaN, no subnormals), like gradients.
 void Fill(v1::DataType dtype, uint8_t* data, size_t bytes, uint32_t seed) {
   const size_t count = bytes / ElementSize(dtype);
   for (size_t i = 0; i < count; ++i) {
@@ -119,9 +118,9 @@ void Sum(benchmark::State& state, v1::DataType dtype, size_t num_srcs,
                           static_cast<int64_t>((num_srcs + 1) * bytes));
 }
 
-// gloo's reduce step: a += b. The kernels are branch-free, so the values
-// growth over the iterations (to infinity for the narrow types) does not
-// change their speed.
+// gloo's reduce step: a += b. The kernels are branch-free, so values that
+// grow over the iterations (to infinity for the narrow types) do not change
+// their speed.
 void PairwiseInPlace(benchmark::State& state, v1::DataType dtype,
                      size_t bytes) {
   Buffers& buffers = BuffersFor(dtype, bytes);
@@ -213,7 +212,8 @@ int Main(int argc, char** argv) {
         ->UseRealTime();
   }
   for (v1::DataType dtype : kTypes) {
-    const std::string type_name = v1::DataType_Name(dtype).substr(10);
+    const std::string type_name =
+        v1::DataType_Name(dtype).substr(std::strlen("DATA_TYPE_"));
     for (size_t num_srcs : kSourceCounts) {
       const std::string prefix =
           "SumInto/" + type_name + "/srcs:" + std::to_string(num_srcs);

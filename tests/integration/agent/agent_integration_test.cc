@@ -11,7 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "baton/v1/status.grpc.pb.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/integration/agent/local_cluster.h"
 
@@ -167,6 +169,77 @@ TEST(AgentIntegrationTest, KilledAgentFailsSurvivorsNamingTheLostNode) {
     EXPECT_THAT(out, HasSubstr("FAILED")) << out;
     EXPECT_THAT(out, HasSubstr("node n3")) << out;
   }
+}
+
+// Waits until `trainer` printed `text` (or ended, or 60 s passed).
+bool WaitForOutput(ChildProcess& trainer, const std::string& text) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    if (absl::StrContains(trainer.stdout_text(), text)) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+TEST(AgentIntegrationTest, TrainingContinuesAcrossACoordinatorRestart) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.Start(2).ok());
+  // About 6 s of training, 60 ms per step.
+  ASSERT_TRUE(cluster
+                  .StartTrainers("restart", {1, 2},
+                                 {"--scenario=loop", "--count=4096",
+                                  "--steps=100", "--step_sleep_ms=50"})
+                  .ok());
+  ASSERT_TRUE(WaitForOutput(cluster.trainer(0), "step 5 ok"));
+  cluster.coordinator().Kill();
+  // Steps go on while the coordinator is away.
+  const std::string before = cluster.trainer(0).stdout_text();
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_GT(cluster.trainer(0).stdout_text().size(), before.size())
+      << "training stopped while the coordinator was down";
+  ASSERT_TRUE(cluster.RestartCoordinator().ok());
+
+  // The agents reconnect and re-report: the job is rebuilt, same generation.
+  auto stub = v1::Status::NewStub(grpc::CreateChannel(
+      cluster.coordinator().address(), grpc::InsecureChannelCredentials()));
+  v1::JobStatus job;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  bool rebuilt = false;
+  while (!rebuilt && absl::Now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(2));
+    v1::GetJobRequest request;
+    request.set_job("restart");
+    if (stub->GetJob(&context, request, &job).ok()) {
+      rebuilt = job.state() == v1::JOB_STATE_RUNNING &&
+                job.members_size() == 2 && job.global_step() > 5;
+    }
+    if (!rebuilt) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(rebuilt) << job.DebugString();
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.world_size(), 3);
+  ExpectAllPass(cluster, cluster.WaitTrainers(absl::Minutes(1)));
+}
+
+TEST(AgentIntegrationTest, DisconnectedTrainerIsALostMember) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.Start(2).ok());
+  ASSERT_TRUE(
+      cluster
+          .StartTrainers("gone", {1, 1},
+                         {"--scenario=loop", "--count=1024", "--steps=100000"})
+          .ok());
+  ASSERT_TRUE(WaitForOutput(cluster.trainer(1), "step 2 ok"));
+  cluster.trainer(1).Kill();
+  const ProcessExit exit = cluster.trainer(0).Wait(absl::Seconds(10));
+  const std::string out = cluster.trainer(0).stdout_text();
+  EXPECT_TRUE(exit.exited && exit.exit_code == 3)
+      << Describe(cluster.trainer(0), exit);
+  EXPECT_THAT(out, HasSubstr("code=10"));  // ABORTED
+  EXPECT_THAT(out, HasSubstr("node n2"));
+  EXPECT_THAT(out, HasSubstr("disconnected"));
 }
 
 }  // namespace

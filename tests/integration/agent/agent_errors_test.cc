@@ -1,0 +1,217 @@
+// Bad input from trainers and disagreements between nodes: each gets a clear
+// error on the right call, and nothing hangs. The test process itself is the
+// trainers (the client library, in-process); coordinator and agents are real
+// processes.
+#include <future>
+#include <string>
+#include <vector>
+
+#include "baton/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/agent/local_cluster.h"
+
+namespace baton {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr auto kWait = std::chrono::seconds(20);
+
+ClientOptions Trainer(const LocalCluster& cluster, int node,
+                      const std::string& job, int local_rank = 0,
+                      int local_size = 1, int nodes = 1) {
+  ClientOptions options;
+  options.socket = cluster.socket(node);
+  options.job = job;
+  options.local_rank = local_rank;
+  options.local_size = local_size;
+  options.expected_nodes = nodes;
+  options.attach_timeout = std::chrono::seconds(20);
+  return options;
+}
+
+// Connects every trainer at once (a job forms only when all are there).
+std::vector<std::unique_ptr<Client>> ConnectAll(
+    const std::vector<ClientOptions>& options) {
+  std::vector<std::future<absl::StatusOr<std::unique_ptr<Client>>>> futures;
+  for (const ClientOptions& o : options) {
+    futures.push_back(
+        std::async(std::launch::async, [o] { return Client::Connect(o); }));
+  }
+  std::vector<std::unique_ptr<Client>> clients;
+  for (auto& f : futures) {
+    auto client = f.get();
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (client.ok()) clients.push_back(std::move(*client));
+  }
+  return clients;
+}
+
+v1::TensorSpec Spec(const std::string& name, v1::DataType dtype,
+                    std::vector<int64_t> shape,
+                    v1::CollectiveOp op = v1::COLLECTIVE_OP_PUSH_PULL) {
+  v1::TensorSpec spec;
+  spec.set_name(name);
+  spec.set_dtype(dtype);
+  for (int64_t d : shape) spec.add_shape(d);
+  spec.set_op(op);
+  return spec;
+}
+
+class AgentErrorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(cluster_.Start(2).ok()); }
+  LocalCluster cluster_;
+};
+
+TEST_F(AgentErrorsTest, BadAttachIsRefusedWithTheFieldNamed) {
+  ClientOptions bad_rank = Trainer(cluster_, 1, "attach", 2, 2);
+  auto client = Client::Connect(bad_rank);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(client.status().message(), HasSubstr("local_rank is 2"));
+
+  ClientOptions bad_job = Trainer(cluster_, 1, "no spaces");
+  client = Client::Connect(bad_job);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(client.status().message(), HasSubstr("AttachRequest.job"));
+
+  ClientOptions bad_mode = Trainer(cluster_, 1, "mode");
+  bad_mode.scheduling = "lifo";
+  client = Client::Connect(bad_mode);
+  EXPECT_THAT(client.status().message(), HasSubstr("scheduling is \"lifo\""));
+
+  ClientOptions no_agent = Trainer(cluster_, 1, "x");
+  no_agent.socket = cluster_.dir() + "/nobody.sock";
+  client = Client::Connect(no_agent);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(client.status().message(), HasSubstr("nobody.sock"));
+}
+
+TEST_F(AgentErrorsTest, LocalRanksMustAgreeAndBeUnique) {
+  // Rank 0 of 2 attaches and waits for rank 1.
+  auto first = std::async(std::launch::async, [&] {
+    return Client::Connect(Trainer(cluster_, 1, "local", 0, 2));
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  auto other_size = Client::Connect(Trainer(cluster_, 1, "local", 1, 3));
+  EXPECT_EQ(other_size.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other_size.status().message(),
+              AllOf(HasSubstr("local_size is 3"), HasSubstr("gave 2")));
+  auto same_rank = Client::Connect(Trainer(cluster_, 1, "local", 0, 2));
+  EXPECT_EQ(same_rank.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(same_rank.status().message(), HasSubstr("local rank 0"));
+  auto second = Client::Connect(Trainer(cluster_, 1, "local", 1, 2));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(first.get().ok());
+}
+
+TEST_F(AgentErrorsTest, BadDeclarationsNameTheTensorAndField) {
+  auto clients = ConnectAll({Trainer(cluster_, 1, "declare", 0, 2),
+                             Trainer(cluster_, 1, "declare", 1, 2)});
+  ASSERT_EQ(clients.size(), 2u);
+  auto bad = clients[0]->Declare({Spec("w", v1::DATA_TYPE_UNSPECIFIED, {4})});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(),
+              AllOf(HasSubstr("tensors[0]"), HasSubstr("dtype")));
+  bad = clients[0]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {-1})});
+  EXPECT_THAT(bad.status().message(), HasSubstr("dimensions must be >= 0"));
+
+  ASSERT_TRUE(
+      clients[0]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {4})}).ok());
+  bad = clients[0]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {4})});
+  EXPECT_THAT(bad.status().message(), HasSubstr("a second time"));
+  // The other local rank declares #0 differently.
+  bad = clients[1]->Declare({Spec("w", v1::DATA_TYPE_INT64, {4})});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("dtype DATA_TYPE_INT64 vs DATA_TYPE_FLOAT32"));
+}
+
+TEST_F(AgentErrorsTest, BadEnqueuesFailTheirHandle) {
+  auto clients = ConnectAll({Trainer(cluster_, 1, "enqueue")});
+  ASSERT_EQ(clients.size(), 1u);
+  Client& c = *clients[0];
+  auto tensors = c.Declare(
+      {Spec("g", v1::DATA_TYPE_FLOAT32, {8}),
+       Spec("p", v1::DATA_TYPE_FLOAT32, {8}, v1::COLLECTIVE_OP_BROADCAST)});
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  const Tensor& g = *(*tensors)[0];
+  const Tensor& p = *(*tensors)[1];
+
+  auto handle = c.PushPullAsync(g, 3, false);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->Wait(kWait).ok());
+  handle = c.PushPullAsync(g, 3, false);
+  absl::Status status = (*handle)->Wait(kWait);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("steps of a tensor must increase"));
+
+  handle = c.BroadcastAsync(p, 0, 5);
+  status = (*handle)->Wait(kWait);
+  EXPECT_THAT(status.message(), HasSubstr("root_rank is 5"));
+
+  const Tensor undeclared(7, g.spec(), g.size_bytes(), nullptr, 0, 0);
+  handle = c.PushPullAsync(undeclared, 0, false);
+  status = (*handle)->Wait(kWait);
+  EXPECT_THAT(status.message(), HasSubstr("index is 7"));
+}
+
+TEST_F(AgentErrorsTest, NodesEnqueueingDifferentStepsFailInsteadOfHanging) {
+  auto clients = ConnectAll({Trainer(cluster_, 1, "steps", 0, 1, 2),
+                             Trainer(cluster_, 2, "steps", 0, 1, 2)});
+  ASSERT_EQ(clients.size(), 2u);
+  std::vector<std::shared_ptr<Tensor>> tensors[2];
+  for (int i = 0; i < 2; ++i) {
+    auto declared =
+        clients[i]->Declare({Spec("g", v1::DATA_TYPE_FLOAT32, {8})});
+    ASSERT_TRUE(declared.ok()) << declared.status();
+    tensors[i] = *declared;
+  }
+  auto a = clients[0]->PushPullAsync(*tensors[0][0], 1, false);
+  auto b = clients[1]->PushPullAsync(*tensors[1][0], 2, false);
+  for (auto* h : {&a, &b}) {
+    ASSERT_TRUE(h->ok());
+    absl::Status status = (**h)->Wait(kWait);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(status.message(), AllOf(HasSubstr("\"g\""), HasSubstr("step 1"),
+                                        HasSubstr("step 2")));
+  }
+}
+
+TEST_F(AgentErrorsTest, NodesDeclaringATensorDifferentlyGetTheMismatch) {
+  auto clients = ConnectAll({Trainer(cluster_, 1, "mismatch", 0, 1, 2),
+                             Trainer(cluster_, 2, "mismatch", 0, 1, 2)});
+  ASSERT_EQ(clients.size(), 2u);
+  auto t0 = clients[0]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {4})});
+  auto t1 = clients[1]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {5})});
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  auto handle = clients[0]->PushPullAsync(*(*t0)[0], 0, false);
+  ASSERT_TRUE(handle.ok());
+  absl::Status status = (*handle)->Wait(kWait);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("w"), HasSubstr("shape")));
+}
+
+TEST_F(AgentErrorsTest, NodesWithDifferentSchedulingModesFail) {
+  ClientOptions fifo = Trainer(cluster_, 1, "modes", 0, 1, 2);
+  fifo.scheduling = "fifo";
+  auto clients = ConnectAll({fifo, Trainer(cluster_, 2, "modes", 0, 1, 2)});
+  ASSERT_EQ(clients.size(), 2u);
+  std::vector<std::shared_ptr<Tensor>> tensors[2];
+  for (int i = 0; i < 2; ++i) {
+    auto declared =
+        clients[i]->Declare({Spec("g", v1::DATA_TYPE_FLOAT32, {8})});
+    ASSERT_TRUE(declared.ok()) << declared.status();
+    tensors[i] = *declared;
+  }
+  auto handle = clients[0]->PushPullAsync(*tensors[0][0], 0, false);
+  ASSERT_TRUE(handle.ok());
+  absl::Status status = (*handle)->Wait(kWait);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("scheduling mode"));
+}
+
+}  // namespace
+}  // namespace baton
