@@ -20,7 +20,7 @@ struct AgentConfig {
   int64_t credit_bytes = 16 << 20;
   std::chrono::milliseconds op_timeout{60000};
   // Data communicators per job (separate TCP connections, used in parallel).
-  int data_channels = 2;
+  int data_channels = 4;
   std::chrono::microseconds active_cycle{200};
   std::chrono::microseconds idle_cycle{5000};
   std::chrono::milliseconds reconnect_max_backoff{2000};

@@ -582,6 +582,16 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
 }
 
 void AgentJob::FinishOp(PendingOp& pending, const absl::Status& status) {
+  const LocalTensor& tensor = *tensors_[pending.index];
+  if (status.ok() && tensor.tensor_id >= 0) {
+    const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(
+                           Clock::now() - pending.first_enqueued)
+                           .count();
+    Latency& l = latencies_[static_cast<uint32_t>(tensor.tensor_id)];
+    ++l.count;
+    l.total_us += us;
+    l.max_us = std::max(l.max_us, us);
+  }
   Notify(pending, status);
   ops_.erase(pending.id);
 }

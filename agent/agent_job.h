@@ -215,6 +215,13 @@ class AgentJob {
   Clock::time_point failure_deadline_;
   std::vector<std::pair<uint64_t, absl::Status>> held_failures_;
   Clock::time_point next_report_;
+  // Per tensor id since the last report: operations, total and max latency.
+  struct Latency {
+    int64_t count = 0;
+    int64_t total_us = 0;
+    int64_t max_us = 0;
+  };
+  absl::flat_hash_map<uint32_t, Latency> latencies_;
   int64_t reported_bytes_done_ = 0;
   Clock::time_point reported_at_;
   std::FILE* launch_trace_ = nullptr;

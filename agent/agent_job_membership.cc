@@ -424,6 +424,18 @@ void AgentJob::SendReport() {
     }
     reported_bytes_done_ = s.bytes_done;
   }
+  std::vector<uint32_t> ids;
+  for (const auto& [id, latency] : latencies_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (uint32_t id : ids) {
+    const Latency& l = latencies_[id];
+    v1::TensorLatency* out = stats->add_tensor_latencies();
+    out->set_tensor_id(id);
+    out->set_count(l.count);
+    out->set_mean_us(l.total_us / l.count);
+    out->set_max_us(l.max_us);
+  }
+  latencies_.clear();
   reported_at_ = now;
   env_.coordinator->Send(std::move(message));
 }

@@ -29,7 +29,7 @@ DEFINE_int64(credit_bytes, 16 << 20,
              "one partition is always admitted");
 DEFINE_int64(op_timeout_ms, 60000,
              "Bound on every collective and on connecting the data plane");
-DEFINE_int32(data_channels, 2,
+DEFINE_int32(data_channels, 4,
              "Data communicators per job (separate TCP connections used in "
              "parallel)");
 DEFINE_int64(negotiation_active_us, 200,

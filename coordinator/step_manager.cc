@@ -343,6 +343,7 @@ void StepManager::FillStatus(const std::string& job_name, absl::Time now,
           stats.throughput_bytes_per_second());
       member.set_queue_depth(stats.queue_depth());
       member.set_bytes_in_flight(stats.bytes_in_flight());
+      *member.mutable_tensor_latencies() = stats.tensor_latencies();
     }
   }
 }

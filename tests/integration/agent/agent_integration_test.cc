@@ -202,6 +202,18 @@ TEST(AgentIntegrationTest, TrainingContinuesAcrossACoordinatorRestart) {
   // The agents reconnect and re-report: the job is rebuilt, same generation.
   auto stub = v1::Status::NewStub(grpc::CreateChannel(
       cluster.coordinator().address(), grpc::InsecureChannelCredentials()));
+  // The reports carry the data plane's stats, per-tensor latency included.
+  const auto has_stats = [](const v1::JobStatus& job) {
+    for (const v1::MemberStatus& member : job.members()) {
+      for (const v1::TensorLatency& latency : member.tensor_latencies()) {
+        if (latency.count() > 0 && latency.mean_us() > 0 &&
+            member.throughput_bytes_per_second() > 0) {
+          return true;
+        }
+      }
+    }
+    return false;
+  };
   v1::JobStatus job;
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   bool rebuilt = false;
@@ -213,7 +225,8 @@ TEST(AgentIntegrationTest, TrainingContinuesAcrossACoordinatorRestart) {
     request.set_job("restart");
     if (stub->GetJob(&context, request, &job).ok()) {
       rebuilt = job.state() == v1::JOB_STATE_RUNNING &&
-                job.members_size() == 2 && job.global_step() > 5;
+                job.members_size() == 2 && job.global_step() > 5 &&
+                has_stats(job);
     }
     if (!rebuilt) absl::SleepFor(absl::Milliseconds(100));
   }
