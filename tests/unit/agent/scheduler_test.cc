@@ -1,0 +1,327 @@
+// The scheduler's pieces: the negotiation vector, the launch queue, and the
+// data plane run as N nodes (threads) over real gloo on loopback.
+#include <cstdio>
+#include <future>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "agent/data_plane.h"
+#include "agent/launch_queue.h"
+#include "agent/negotiation.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/agent/transport/gloo_cluster.h"
+
+namespace baton::agent {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::shared_ptr<Operation> Op(uint32_t tensor_id, int32_t priority,
+                              int64_t step, int64_t bytes,
+                              int64_t partition_bytes = 0) {
+  auto op = std::make_shared<Operation>();
+  op->id = tensor_id * 1000 + static_cast<uint64_t>(step) + 1;
+  op->tensor_id = tensor_id;
+  op->tensor_name = "t" + std::to_string(tensor_id);
+  op->priority = priority;
+  op->step = step;
+  op->size_bytes = bytes;
+  op->partition_bytes = partition_bytes;
+  return op;
+}
+
+// The element-wise minimum of several nodes' vectors.
+std::vector<int64_t> Min(const std::vector<std::vector<int64_t>>& vectors) {
+  std::vector<int64_t> out = vectors[0];
+  for (const auto& v : vectors) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = std::min(out[i], v[i]);
+  }
+  return out;
+}
+
+TEST(NegotiationTest, AgreesOnTensorsReadyEverywhereWithTheSameKey) {
+  absl::flat_hash_map<uint32_t, std::shared_ptr<const Operation>> a, b;
+  a[0] = Op(0, 0, 5, 8);
+  b[0] = Op(0, 0, 5, 8);
+  a[1] = Op(1, 1, 5, 8);  // not ready on b
+  a[2] = Op(2, 2, 5, 8);
+  b[2] = Op(2, 2, 6, 8);  // a different step
+  Negotiation::LocalState sa, sb;
+  sa.ready = &a;
+  sb.ready = &b;
+  sa.known_tensors = 3;
+  sb.known_tensors = 2;
+  sa.free_credit = 100;
+  sb.free_credit = 40;
+  sa.in_flight_bytes = 7;
+  sa.pending = 3;
+  sb.pending = 2;
+  std::vector<int64_t> va, vb;
+  Negotiation::Encode(sa, 3, &va);
+  Negotiation::Encode(sb, 3, &vb);
+  const Negotiation::Outcome out = Negotiation::Decode(Min({va, vb}), 3);
+  EXPECT_FALSE(out.mode_mismatch);
+  EXPECT_FALSE(out.someone_leaving);
+  EXPECT_EQ(out.known_tensors, 2);
+  EXPECT_EQ(out.min_free_credit, 40);
+  EXPECT_EQ(out.max_in_flight_bytes, 7);
+  EXPECT_EQ(out.max_pending, 3);
+  ASSERT_EQ(out.agreed.size(), 1u);
+  EXPECT_EQ(out.agreed[0].tensor_id, 0u);
+  ASSERT_EQ(out.mismatches.size(), 1u);
+  EXPECT_EQ(out.mismatches[0].tensor_id, 2u);
+  EXPECT_EQ(Negotiation::DescribeKey(out.mismatches[0].min_key), "step 5, sum");
+  EXPECT_EQ(Negotiation::DescribeKey(out.mismatches[0].max_key), "step 6, sum");
+}
+
+TEST(NegotiationTest, AverageAndRootAreDistinguishedAndDescribed) {
+  auto sum = Op(0, 0, 3, 8);
+  auto average = Op(0, 0, 3, 8);
+  average->average = true;
+  auto bcast = Op(0, 0, 3, 8);
+  bcast->kind = v1::COLLECTIVE_OP_BROADCAST;
+  bcast->root_rank = 9;
+  EXPECT_NE(Negotiation::KeyOf(*sum), Negotiation::KeyOf(*average));
+  EXPECT_EQ(Negotiation::DescribeKey(Negotiation::KeyOf(*average)),
+            "step 3, average");
+  EXPECT_EQ(Negotiation::DescribeKey(Negotiation::KeyOf(*bcast)),
+            "step 3, root rank 9");
+  auto last = Op(0, 0, Negotiation::kMaxStep, 8);
+  last->kind = v1::COLLECTIVE_OP_BROADCAST;
+  last->root_rank = Negotiation::kMaxRootRank;
+  EXPECT_GT(Negotiation::KeyOf(*last), 0);
+}
+
+TEST(NegotiationTest, ModeMismatchAndLeavingAreSeenByEveryone) {
+  Negotiation::LocalState sa, sb;
+  sb.mode = SchedulingMode::kFifo;
+  sb.leaving = true;
+  std::vector<int64_t> va, vb;
+  Negotiation::Encode(sa, 0, &va);
+  Negotiation::Encode(sb, 0, &vb);
+  const Negotiation::Outcome out = Negotiation::Decode(Min({va, vb}), 0);
+  EXPECT_TRUE(out.mode_mismatch);
+  EXPECT_TRUE(out.someone_leaving);
+}
+
+std::vector<std::string> Order(const std::vector<PartitionTask>& tasks) {
+  std::vector<std::string> out;
+  for (const auto& t : tasks) {
+    out.push_back(t.op->tensor_name + "/" + std::to_string(t.partition));
+  }
+  return out;
+}
+
+TEST(LaunchQueueTest, OrdersByPriorityThenPartitionWithinCredit) {
+  LaunchQueue queue;
+  queue.Add(Op(1, 1, 0, 40, 10));  // 4 partitions of 10
+  queue.Add(Op(0, 0, 0, 15, 10));  // 2 partitions: 10, 5
+  EXPECT_EQ(queue.size(), 6u);
+  // 25 bytes of credit: t0/0 (10), t0/1 (5), t1/0 (10).
+  EXPECT_THAT(Order(queue.Admit(25, false)),
+              ElementsAre("t0/0", "t0/1", "t1/0"));
+  // Partition 1 of t1 no longer fits in 9 bytes; nothing smaller overtakes.
+  EXPECT_TRUE(queue.Admit(9, false).empty());
+  // With nothing in flight anywhere one partition is always admitted.
+  EXPECT_THAT(Order(queue.Admit(0, true)), ElementsAre("t1/1"));
+  // An urgent tensor goes before the rest of the large one.
+  queue.Add(Op(0, 0, 1, 4, 10));
+  EXPECT_THAT(Order(queue.Admit(100, false)),
+              ElementsAre("t0/0", "t1/2", "t1/3"));
+  EXPECT_TRUE(queue.empty());
+}
+
+TEST(LaunchQueueTest, ClearReturnsEachQueuedOperationOnce) {
+  LaunchQueue queue;
+  queue.Add(Op(1, 1, 0, 40, 10));
+  queue.Add(Op(2, 2, 0, 8, 10));
+  EXPECT_EQ(queue.Clear().size(), 2u);
+  EXPECT_TRUE(queue.empty());
+}
+
+// One node of a data-plane test: its data plane, buffers and trace.
+struct Node {
+  std::unique_ptr<DataPlane> plane;
+  std::FILE* trace = nullptr;
+  std::mutex mu;
+  std::map<uint64_t, absl::Status> done;
+  std::condition_variable cv;
+  absl::Status stopped;
+
+  absl::Status WaitDone(uint64_t id) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, std::chrono::seconds(30),
+                     [&] { return done.count(id) > 0; })) {
+      return absl::DeadlineExceededError("op never finished");
+    }
+    return done[id];
+  }
+  std::string Trace() {
+    std::fflush(trace);
+    std::rewind(trace);
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), trace)) > 0)
+      text.append(buf, n);
+    return text;
+  }
+};
+
+class DataPlaneTest : public ::testing::Test {
+ protected:
+  void Start(int nodes, DataPlaneOptions base) {
+    cluster_ = std::make_unique<Cluster>(nodes);
+    ASSERT_TRUE(cluster_->Connect(3));
+    for (int rank = 0; rank < nodes; ++rank) {
+      auto node = std::make_unique<Node>();
+      node->trace = std::tmpfile();
+      DataPlaneOptions options = base;
+      options.node_rank = rank;
+      options.num_nodes = nodes;
+      options.world_size = nodes;
+      options.launch_trace = node->trace;
+      Node* n = node.get();
+      DataPlane::Callbacks callbacks;
+      callbacks.op_done = [n](uint64_t id, absl::Status status) {
+        std::lock_guard<std::mutex> lock(n->mu);
+        n->done[id] = status;
+        n->cv.notify_all();
+      };
+      callbacks.stopped = [n](absl::Status status) {
+        std::lock_guard<std::mutex> lock(n->mu);
+        n->stopped = status;
+      };
+      auto& comms = cluster_->communicators[rank];
+      auto negotiation = std::move(comms[0]);
+      std::vector<std::unique_ptr<Communicator>> data;
+      data.push_back(std::move(comms[1]));
+      data.push_back(std::move(comms[2]));
+      node->plane = std::make_unique<DataPlane>(options, std::move(negotiation),
+                                                std::move(data), callbacks);
+      nodes_.push_back(std::move(node));
+    }
+  }
+  void TearDown() override {
+    for (auto& node : nodes_) {
+      node->plane.reset();
+      std::fclose(node->trace);
+    }
+  }
+
+  // A float32 push_pull on `node` whose input is (rank + 1) * (i + 1).
+  std::shared_ptr<Operation> SumOp(int rank, uint32_t tensor, int32_t priority,
+                                   int64_t step, int64_t elements,
+                                   int64_t partition_bytes) {
+    auto op = Op(tensor, priority, step, elements * 4, partition_bytes);
+    auto& buffers = buffers_[{rank, tensor}];
+    buffers.first.resize(elements);
+    buffers.second.assign(elements, -1.0f);
+    for (int64_t i = 0; i < elements; ++i) {
+      buffers.first[i] = static_cast<float>((rank + 1) * (i % 100 + 1));
+    }
+    op->inputs = {reinterpret_cast<const uint8_t*>(buffers.first.data())};
+    op->output = reinterpret_cast<uint8_t*>(buffers.second.data());
+    return op;
+  }
+  const std::vector<float>& Output(int rank, uint32_t tensor) {
+    return buffers_[{rank, tensor}].second;
+  }
+
+  std::unique_ptr<Cluster> cluster_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::map<std::pair<int, uint32_t>,
+           std::pair<std::vector<float>, std::vector<float>>>
+      buffers_;
+};
+
+TEST_F(DataPlaneTest, RandomSubmissionOrderGivesOneLaunchOrderAndRightSums) {
+  DataPlaneOptions options;
+  options.credit_bytes = 8192;
+  Start(3, options);
+  constexpr int kTensors = 12;
+  for (auto& node : nodes_) node->plane->SetKnownTensors(kTensors);
+  // Each node submits in its own random order, with random pauses.
+  OnEveryNode(3, [&](int rank) {
+    std::vector<uint32_t> order(kTensors);
+    for (uint32_t t = 0; t < kTensors; ++t) order[t] = t;
+    std::mt19937 rng(rank + 1);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (uint32_t t : order) {
+      nodes_[rank]->plane->Submit(
+          SumOp(rank, t, static_cast<int32_t>(t), 0, 1000 + 300 * t, 1024));
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+    }
+  });
+  for (int rank = 0; rank < 3; ++rank) {
+    for (uint32_t t = 0; t < kTensors; ++t) {
+      ASSERT_TRUE(nodes_[rank]->WaitDone(t * 1000 + 1).ok());
+      const std::vector<float>& out = Output(rank, t);
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(out[i], 6.0f * (i % 100 + 1))
+            << "tensor " << t << " [" << i << "]";
+      }
+    }
+  }
+  const std::string first = nodes_[0]->Trace();
+  EXPECT_THAT(first, HasSubstr("tensor=11"));
+  EXPECT_EQ(nodes_[1]->Trace(), first);
+  EXPECT_EQ(nodes_[2]->Trace(), first);
+}
+
+TEST_F(DataPlaneTest, MismatchedStepsFailOnEveryNodeAndOthersGoOn) {
+  Start(2, DataPlaneOptions());
+  for (auto& node : nodes_) node->plane->SetKnownTensors(2);
+  nodes_[0]->plane->Submit(SumOp(0, 0, 0, 4, 16, 0));
+  nodes_[1]->plane->Submit(SumOp(1, 0, 0, 5, 16, 0));
+  nodes_[0]->plane->Submit(SumOp(0, 1, 1, 0, 16, 0));
+  nodes_[1]->plane->Submit(SumOp(1, 1, 1, 0, 16, 0));
+  absl::Status a = nodes_[0]->WaitDone(0 * 1000 + 5);
+  absl::Status b = nodes_[1]->WaitDone(0 * 1000 + 6);
+  EXPECT_EQ(a.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(a.message(), HasSubstr("step 4, sum on some, step 5, sum"));
+  EXPECT_EQ(b.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(nodes_[0]->WaitDone(1000 + 1).ok());
+  EXPECT_TRUE(nodes_[1]->WaitDone(1000 + 1).ok());
+}
+
+TEST_F(DataPlaneTest, AbortFailsWhatIsPendingWithTheGivenStatus) {
+  Start(2, DataPlaneOptions());
+  for (auto& node : nodes_) node->plane->SetKnownTensors(1);
+  // Only node 0 submits: the operation can never be agreed.
+  nodes_[0]->plane->Submit(SumOp(0, 0, 0, 0, 16, 0));
+  nodes_[0]->plane->Abort(absl::AbortedError("node n2 was lost"));
+  absl::Status status = nodes_[0]->WaitDone(1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(status.message(), HasSubstr("n2 was lost"));
+  // Submitting after the abort fails at once with the same status.
+  nodes_[0]->plane->Submit(SumOp(0, 0, 0, 1, 16, 0));
+  EXPECT_EQ(nodes_[0]->WaitDone(2).code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(DataPlaneTest, ALeavingNodeStopsEveryNodeAfterTheSameRound) {
+  Start(2, DataPlaneOptions());
+  for (auto& node : nodes_) node->plane->SetKnownTensors(1);
+  nodes_[1]->plane->Submit(SumOp(1, 0, 0, 0, 16, 0));
+  nodes_[0]->plane->Leave();
+  absl::Status status = nodes_[1]->WaitDone(1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("a node left"));
+  for (auto& node : nodes_) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!node->plane->finished() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_TRUE(node->plane->finished());
+  }
+}
+
+}  // namespace
+}  // namespace baton::agent
