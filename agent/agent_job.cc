@@ -37,6 +37,17 @@ AgentJob::AgentJob(std::string name, Environment env)
   }
   next_report_ = Clock::now();
   reported_at_ = Clock::now();
+  auto doorbell = SharedMemory::Create(
+      absl::StrCat("/baton.", config_.pid, ".", name_, ".bell"), 4096);
+  if (doorbell.ok()) {
+    doorbell_memory_ = std::move(*doorbell);
+    doorbell_ = new (doorbell_memory_.data()) Doorbell();
+  } else {
+    LOG(WARNING) << "job " << name_ << ": no shared-memory fast path ("
+                 << doorbell.status().message()
+                 << "); trainers enqueue over gRPC";
+    doorbell_ = &local_doorbell_;
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -44,8 +55,8 @@ AgentJob::~AgentJob() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
-    cv_.notify_all();
   }
+  doorbell_->Ring();
   thread_.join();
   for (std::thread& t : connectors_) t.join();
   // Data planes report into ops_ through Post, which is closed now.
@@ -56,38 +67,77 @@ AgentJob::~AgentJob() {
       SharedMemory::Unlink(tensor->memory.name()).IgnoreError();
     }
   }
+  for (Trainer& trainer : trainers_) {
+    if (trainer.channel != nullptr) {
+      SharedMemory::Unlink(trainer.channel_memory.name()).IgnoreError();
+    }
+  }
+  if (doorbell_ != &local_doorbell_) {
+    SharedMemory::Unlink(doorbell_memory_.name()).IgnoreError();
+  }
   if (launch_trace_ != nullptr) std::fclose(launch_trace_);
 }
 
 void AgentJob::Post(std::function<void()> task) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stop_) return;
-  tasks_.push_back(std::move(task));
-  cv_.notify_one();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    tasks_.push_back(std::move(task));
+  }
+  doorbell_->Ring();
 }
 
 void AgentJob::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
   while (true) {
+    // Taken before looking for work: a producer that publishes after the
+    // look rings the bell, and the wait below returns at once.
+    const uint32_t seen = doorbell_->Snapshot();
+    std::deque<std::function<void()>> tasks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) break;
+      tasks.swap(tasks_);
+    }
+    for (auto& task : tasks) task();
+    const bool drained = DrainChannels();
+    const Clock::time_point now = Clock::now();
+    OnTimer(now);
+    if (!tasks.empty() || drained) continue;
     const Clock::time_point deadline =
         std::min(next_report_, data_plane_failure_ ? failure_deadline_
                                                    : Clock::time_point::max());
-    cv_.wait_until(lock, deadline, [this] { return stop_ || !tasks_.empty(); });
-    if (stop_) break;
-    std::deque<std::function<void()>> tasks;
-    tasks.swap(tasks_);
-    lock.unlock();
-    for (auto& task : tasks) task();
-    OnTimer(Clock::now());
-    lock.lock();
+    doorbell_->Wait(seen, std::chrono::duration_cast<std::chrono::microseconds>(
+                              deadline - now) +
+                              std::chrono::microseconds(1));
   }
   // Fail what is left while the streams can still carry it.
-  lock.unlock();
   if (state_ != State::kDone) {
     End(absl::CancelledError(absl::StrCat("the agent is shutting down; job \"",
                                           name_, "\" stopped on node ",
                                           config_.node_name)));
   }
+}
+
+bool AgentJob::DrainChannels() {
+  bool any = false;
+  for (size_t r = 0; r < trainers_.size(); ++r) {
+    Trainer& trainer = trainers_[r];
+    if (trainer.channel == nullptr || trainer.detached) continue;
+    ChannelEntry entry;
+    // Bounded: a trainer that keeps pushing cannot starve the others.
+    for (uint64_t n = 0;
+         n < ChannelRing::kCapacity && trainer.channel->requests.Pop(&entry);
+         ++n) {
+      any = true;
+      v1::EnqueueRequest request;
+      request.set_index(entry.index);
+      request.set_step(entry.step);
+      request.set_average((entry.flags & kChannelAverage) != 0);
+      request.set_root_rank(static_cast<int32_t>(entry.value));
+      HandleEnqueue(trainer.sink.get(), request, /*via_channel=*/true);
+    }
+  }
+  return any;
 }
 
 void AgentJob::Attach(std::shared_ptr<TrainerSink> sink, uint64_t seq,
@@ -188,7 +238,8 @@ void AgentJob::HandleAttach(std::shared_ptr<TrainerSink> sink, uint64_t seq,
   }
   if (attached_ == 0) {
     params_ = r;
-    trainers_.assign(r.local_size(), Trainer{});
+    trainers_.clear();
+    trainers_.resize(r.local_size());
     mode_ = r.scheduling() == "fifo"       ? SchedulingMode::kFifo
             : r.scheduling() == "priority" ? SchedulingMode::kPriority
                                            : config_.scheduling;
@@ -230,6 +281,18 @@ void AgentJob::HandleAttach(std::shared_ptr<TrainerSink> sink, uint64_t seq,
   }
   trainer.sink = std::move(sink);
   trainer.pid = r.pid();
+  if (doorbell_ != &local_doorbell_) {
+    auto channel = SharedMemory::Create(
+        absl::StrCat("/baton.", config_.pid, ".", name_, ".ch", r.local_rank()),
+        sizeof(TrainerChannel));
+    if (channel.ok()) {
+      trainer.channel_memory = std::move(*channel);
+      trainer.channel = new (trainer.channel_memory.data()) TrainerChannel();
+    } else {
+      LOG(WARNING) << "job " << name_ << ": local rank " << r.local_rank()
+                   << " enqueues over gRPC: " << channel.status().message();
+    }
+  }
   ++attached_;
   if (attached_ == params_.local_size()) {
     state_ = State::kJoining;
@@ -374,7 +437,8 @@ void AgentJob::FailOp(int32_t rank, const v1::EnqueueRequest& request,
 }
 
 void AgentJob::HandleEnqueue(TrainerSink* sink,
-                             const v1::EnqueueRequest& request) {
+                             const v1::EnqueueRequest& request,
+                             bool via_channel) {
   const int32_t rank = RankOf(sink);
   if (rank < 0) return;
   if (membership_ &&
@@ -440,7 +504,7 @@ void AgentJob::HandleEnqueue(TrainerSink* sink,
     }
     break;
   }
-  pending.ranks[rank] = Enqueued{true, request};
+  pending.ranks[rank] = Enqueued{true, request, via_channel};
   if (std::all_of(pending.ranks.begin(), pending.ranks.end(),
                   [](const Enqueued& e) { return e.present; })) {
     MakeReady(pending);
@@ -574,7 +638,17 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
       // A failed step may be enqueued again (a retry after re-syncing).
       leased.last_step[r] = std::min(leased.last_step[r], pending.step - 1);
     }
-    if (trainer.sink && !trainer.detached) trainer.sink->Send(event);
+    if (!trainer.sink || trainer.detached) continue;
+    if (status.ok() && pending.ranks[r].via_channel &&
+        trainer.channel != nullptr) {
+      ChannelEntry entry{pending.index, 0, pending.step, pending.generation, 0};
+      if (trainer.channel->completions.Push(entry)) {
+        trainer.channel->completion_bell.Ring();
+        continue;
+      }
+    }
+    // Failures carry text, and a full ring falls back to the stream.
+    trainer.sink->Send(event);
   }
   if (op_of_tensor_[pending.index] == pending.id) {
     op_of_tensor_[pending.index] = 0;

@@ -23,6 +23,8 @@
 #include "agent/transport/transport.h"
 #include "baton/v1/coordinator.pb.h"
 #include "baton/v1/trainer.pb.h"
+#include "common/shm.h"
+#include "common/shm_channel.h"
 
 namespace baton::agent {
 
@@ -92,11 +94,16 @@ class AgentJob {
     bool finished = false;
     // Last step this rank finished of any tensor; -1 before the first.
     int64_t completed_step = -1;
+    // The shared-memory fast path of its enqueues and completions.
+    SharedMemory channel_memory;
+    TrainerChannel* channel = nullptr;
   };
   // One local rank's enqueue of a tensor, waiting for the other local ranks.
   struct Enqueued {
     bool present = false;
     v1::EnqueueRequest request;
+    // Came through the trainer's channel: complete it there too.
+    bool via_channel = false;
   };
   struct PendingOp {
     uint64_t id = 0;
@@ -126,7 +133,10 @@ class AgentJob {
                     const v1::AttachRequest& request);
   void HandleDeclare(TrainerSink* sink, uint64_t seq,
                      const v1::DeclareRequest& request);
-  void HandleEnqueue(TrainerSink* sink, const v1::EnqueueRequest& request);
+  void HandleEnqueue(TrainerSink* sink, const v1::EnqueueRequest& request,
+                     bool via_channel = false);
+  // Drains every trainer's request ring; true when it found any.
+  bool DrainChannels();
   void HandleDetach(TrainerSink* sink, const v1::DetachRequest& request);
   void HandleTrainerGone(TrainerSink* sink);
   absl::Status ValidateEnqueue(int32_t rank, const v1::EnqueueRequest& r);
@@ -175,8 +185,14 @@ class AgentJob {
   const Environment env_;
   const AgentConfig& config_;
 
+  // The job's doorbell: trainers ring it after pushing into their request
+  // rings, Post after queueing a task; the job thread sleeps on it.
+  SharedMemory doorbell_memory_;
+  Doorbell* doorbell_ = nullptr;
+  // Fallback when the doorbell could not be created.
+  Doorbell local_doorbell_;
+
   std::mutex mu_;
-  std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 

@@ -129,6 +129,8 @@ class DataPlane {
   bool Round(std::vector<int64_t>& vec, int32_t& body, bool& active);
   void LaunchLocked(PartitionTask task, Done& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LaunchTrace(const PartitionTask& task, uint64_t seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops scheduling with `status`. `drain`: workers still run the queued
   // partitions (every node launched them); otherwise queued ones are
   // dropped.
@@ -139,6 +141,9 @@ class DataPlane {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Report(Done& done);
   std::string Describe(const PartitionTask& task) const;
+
+  // Single-node operations up to this size run on the submitting thread.
+  static constexpr int64_t kInlineBytes = 64 << 10;
 
   // Constant after construction.
   const DataPlaneOptions options_;

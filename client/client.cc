@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "baton/v1/trainer.grpc.pb.h"
 #include "common/shm.h"
+#include "common/shm_channel.h"
 #include "grpcpp/grpcpp.h"
 
 namespace baton {
@@ -61,6 +63,9 @@ absl::StatusOr<ClientOptions> ClientOptions::FromEnvironment() {
   if (!v.ok()) return v.status();
   o.partition_bytes = *v;
   o.scheduling = StringFromEnv("BATON_SCHEDULING", "");
+  v = IntFromEnv("BATON_SHM_CHANNEL", 1);
+  if (!v.ok()) return v.status();
+  o.shm_channel = *v != 0;
   return o;
 }
 
@@ -96,6 +101,7 @@ void Handle::Finish(absl::Status status, int64_t generation) {
 class Client::Impl {
  public:
   absl::Status Start(const ClientOptions& options) {
+    shm_channel_wanted_ = options.shm_channel;
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(16 << 20);
     channel_ = grpc::CreateCustomChannel(
@@ -133,6 +139,55 @@ class Client::Impl {
   ~Impl() {
     context_.TryCancel();
     if (reader_.joinable()) reader_.join();
+    stopping_ = true;
+    if (trainer_channel_ != nullptr) trainer_channel_->completion_bell.Ring();
+    if (completer_.joinable()) completer_.join();
+  }
+
+  // Maps the agent's shared-memory fast path, once. Called with mu_ held.
+  void MapChannel(const v1::Attached& attached) {
+    if (!shm_channel_wanted_ || trainer_channel_ != nullptr ||
+        attached.channel_shm_name().empty()) {
+      return;
+    }
+    auto bell =
+        SharedMemory::Open(attached.doorbell_shm_name(),
+                           static_cast<size_t>(attached.doorbell_shm_bytes()));
+    auto channel =
+        SharedMemory::Open(attached.channel_shm_name(),
+                           static_cast<size_t>(attached.channel_shm_bytes()));
+    if (!bell.ok() || !channel.ok() ||
+        channel->size() < sizeof(TrainerChannel) ||
+        bell->size() < sizeof(Doorbell)) {
+      return;  // enqueue over the stream instead
+    }
+    doorbell_memory_ = std::move(*bell);
+    channel_memory_ = std::move(*channel);
+    doorbell_ = reinterpret_cast<Doorbell*>(doorbell_memory_.data());
+    trainer_channel_ =
+        reinterpret_cast<TrainerChannel*>(channel_memory_.data());
+    completer_ = std::thread([this] { CompletionLoop(); });
+  }
+
+  // Completes handles from the channel's completion ring.
+  void CompletionLoop() {
+    while (!stopping_) {
+      const uint32_t seen = trainer_channel_->completion_bell.Snapshot();
+      ChannelEntry entry;
+      while (trainer_channel_->completions.Pop(&entry)) {
+        std::shared_ptr<Handle> handle;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = handles_.find({entry.index, entry.step});
+          if (it == handles_.end()) continue;
+          handle = std::move(it->second);
+          handles_.erase(it);
+        }
+        handle->Finish(absl::OkStatus(), entry.value);
+      }
+      trainer_channel_->completion_bell.Wait(seen,
+                                             std::chrono::milliseconds(100));
+    }
   }
 
   bool Write(v1::TrainerRequest& request) {
@@ -166,6 +221,7 @@ class Client::Impl {
       case v1::TrainerEvent::kAttached:
         attached_ = true;
         info_ = event.attached();
+        MapChannel(info_);
         cv_.notify_all();
         break;
       case v1::TrainerEvent::kDeclared:
@@ -229,6 +285,21 @@ class Client::Impl {
                          " is already pending"));
       }
     }
+    if (trainer_channel_ != nullptr) {
+      ChannelEntry entry{tensor.index(), average ? kChannelAverage : 0, step,
+                         root, 0};
+      {
+        // One producer at a time; a full ring (1024 operations outstanding)
+        // drains as the agent catches up.
+        std::lock_guard<std::mutex> lock(write_mu_);
+        while (!trainer_channel_->requests.Push(entry)) {
+          doorbell_->Ring();
+          std::this_thread::yield();
+        }
+      }
+      doorbell_->Ring();
+      return handle;
+    }
     v1::TrainerRequest request;
     v1::EnqueueRequest* enqueue = request.mutable_enqueue();
     enqueue->set_index(tensor.index());
@@ -262,6 +333,15 @@ class Client::Impl {
   std::map<uint64_t, v1::TrainerEvent> replies_;
   std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Handle>> handles_;
   std::vector<SharedMemory> mappings_;
+
+  // The fast path (set once, under mu_, before any enqueue uses it).
+  SharedMemory doorbell_memory_;
+  SharedMemory channel_memory_;
+  Doorbell* doorbell_ = nullptr;
+  TrainerChannel* trainer_channel_ = nullptr;
+  std::thread completer_;
+  std::atomic<bool> stopping_{false};
+  bool shm_channel_wanted_ = true;
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -31,6 +31,9 @@ struct ClientOptions {
   int64_t partition_bytes = 0;
   // BATON_SCHEDULING: "priority", "fifo", or "" for the agent's default.
   std::string scheduling;
+  // Enqueue and complete through the agent's shared-memory channel when it
+  // offers one (BATON_SHM_CHANNEL=0 turns it off: everything over gRPC).
+  bool shm_channel = true;
   // How long Connect waits for the job to be formed (every node joined).
   std::chrono::milliseconds attach_timeout{300000};
 

@@ -74,6 +74,7 @@ TEST(AgentIntegrationTest, RandomDelaysKeepOneLaunchOrderAndRightResults) {
   ExpectSameLaunches(cluster, "delays", 3);
 }
 
+// Also the trainers' gRPC path: no shared-memory channel.
 TEST(AgentIntegrationTest, FifoModeGivesTheSameResults) {
   LocalCluster cluster;
   ASSERT_TRUE(cluster.Start(2, {}, {"--scheduling=fifo"}).ok());
@@ -81,7 +82,7 @@ TEST(AgentIntegrationTest, FifoModeGivesTheSameResults) {
                   .StartTrainers("fifo", {1, 2},
                                  {"--dtypes=float32,int8", "--steps=2",
                                   "--max_delay_ms=2"},
-                                 {kPartition})
+                                 {kPartition, "BATON_SHM_CHANNEL=0"})
                   .ok());
   ExpectAllPass(cluster, cluster.WaitTrainers(absl::Minutes(2)));
   ExpectSameLaunches(cluster, "fifo", 2);

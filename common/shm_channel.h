@@ -1,0 +1,75 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace baton {
+
+// The fast path for a trainer's per-step traffic (ARCHITECTURE.md, "Two
+// planes"): enqueues and completions travel through single-producer /
+// single-consumer rings in shared memory, with futex doorbells, instead of
+// gRPC messages. Attach, declarations, failures (they carry text) and
+// everything else stay on the gRPC stream.
+//
+// Two shared-memory objects per job on a node:
+// - the job's Doorbell: one word every producer (trainers, the agent's own
+//   threads) bumps after publishing work for the job's thread;
+// - per trainer, a TrainerChannel: the request ring (trainer -> agent) and
+//   the completion ring with its own doorbell (agent -> trainer).
+// The layout is the protocol: both sides are built from this header.
+
+// One ring slot. Requests: index, step, flags (kAverage), root. Completions:
+// index, step, generation.
+struct ChannelEntry {
+  int32_t index;
+  int32_t flags;
+  int64_t step;
+  int64_t value;  // requests: root rank; completions: generation
+  int64_t reserved;
+};
+static_assert(sizeof(ChannelEntry) == 32);
+
+inline constexpr int32_t kChannelAverage = 1;
+
+// Wakes a waiter blocked in WaitForBell. Process-shared.
+struct Doorbell {
+  alignas(64) std::atomic<uint32_t> bell{0};
+
+  // Publishes "something changed" and wakes every waiter.
+  void Ring();
+  // Returns the current value; pass it to Wait to sleep until it changes.
+  uint32_t Snapshot() const { return bell.load(std::memory_order_acquire); }
+  // Sleeps until the bell differs from `seen` or `timeout` passes.
+  void Wait(uint32_t seen, std::chrono::microseconds timeout) const;
+};
+
+class ChannelRing {
+ public:
+  static constexpr uint64_t kCapacity = 1024;
+
+  // Producer side: false when full.
+  bool Push(const ChannelEntry& entry);
+  // Consumer side: false when empty.
+  bool Pop(ChannelEntry* entry);
+  bool Empty() const {
+    return head_.load(std::memory_order_acquire) ==
+           tail_.load(std::memory_order_acquire);
+  }
+
+ private:
+  alignas(64) std::atomic<uint64_t> head_{0};  // next to pop
+  alignas(64) std::atomic<uint64_t> tail_{0};  // next to push
+  alignas(64) ChannelEntry entries_[kCapacity];
+};
+
+struct TrainerChannel {
+  ChannelRing requests;
+  ChannelRing completions;
+  Doorbell completion_bell;
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+}  // namespace baton
