@@ -318,6 +318,9 @@ void AgentJob::OnDataPlaneConnected(
   options.active_cycle = config_.active_cycle;
   options.idle_cycle = config_.idle_cycle;
   options.launch_trace = launch_trace_;
+  for (const v1::NodeInfo& node : membership_->nodes()) {
+    options.node_names.push_back(node.node_name());
+  }
   DataPlane::Callbacks callbacks;
   callbacks.op_done = [this](uint64_t id, absl::Status status) {
     Post([this, id, status = std::move(status)]() mutable {

@@ -15,12 +15,6 @@ const char* KindName(v1::CollectiveOp kind) {
   return kind == v1::COLLECTIVE_OP_BROADCAST ? "broadcast" : "push_pull";
 }
 
-absl::Status WithContext(const absl::Status& status,
-                         const std::string& context) {
-  return absl::Status(status.code(),
-                      absl::StrCat(context, ": ", status.message()));
-}
-
 }  // namespace
 
 DataPlane::DataPlane(DataPlaneOptions options,
@@ -175,11 +169,11 @@ bool DataPlane::Round(std::vector<int64_t>& vec, int32_t& body, bool& active) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (!stopped_) {
-          StopLocked(
-              WithContext(status, absl::StrCat("negotiation round of job \"",
-                                               options_.job, "\" generation ",
-                                               options_.generation)),
-              /*drain=*/false, done);
+          StopLocked(TransportError(status,
+                                    absl::StrCat("negotiation round of job \"",
+                                                 options_.job, "\" generation ",
+                                                 options_.generation)),
+                     /*drain=*/false, done);
           stopped_now = true;
           status = stop_status_;
         }
@@ -300,14 +294,14 @@ void DataPlane::StopLocked(absl::Status status, bool drain, Done& done) {
   stop_status_ = std::move(status);
   drop_queued_ = !drain;
   for (auto& [tensor_id, op] : submitted_) {
-    ops_[op->id].status = stop_status_;
+    ops_[op->id].status = OpFailure(*op, stop_status_);
   }
   std::vector<uint64_t> unlaunched;
   for (auto& [tensor_id, op] : submitted_) unlaunched.push_back(op->id);
   submitted_.clear();
   for (const auto& op : queue_.Clear()) {
     OpState& state = ops_[op->id];
-    if (state.status.ok()) state.status = stop_status_;
+    if (state.status.ok()) state.status = OpFailure(*op, stop_status_);
     unlaunched.push_back(op->id);
   }
   for (uint64_t id : unlaunched) MaybeFinishLocked(id, done);
@@ -323,7 +317,7 @@ void DataPlane::MaybeFinishLocked(uint64_t op_id, Done& done) {
   const bool complete = state.launched == state.op->NumPartitions();
   if (state.status.ok() && !complete) {
     if (!stopped_) return;  // more partitions to launch
-    state.status = stop_status_;
+    state.status = OpFailure(*state.op, stop_status_);
   }
   done.emplace_back(op_id, std::move(state.status));
   ops_.erase(it);
@@ -362,7 +356,7 @@ void DataPlane::WorkerLoop(Worker* worker) {
       if (status.ok()) {
         bytes_done_ += task.length;
       } else if (drop) {
-        if (state.status.ok()) state.status = stop_status_;
+        if (state.status.ok()) state.status = OpFailure(*task.op, stop_status_);
       } else {
         if (state.status.ok()) state.status = status;
         if (!stopped_) {
@@ -380,6 +374,28 @@ void DataPlane::WorkerLoop(Worker* worker) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   --threads_running_;
+}
+
+absl::Status DataPlane::TransportError(const absl::Status& status,
+                                       const std::string& what) const {
+  std::string peers;
+  for (size_t rank = 0; rank < options_.node_names.size(); ++rank) {
+    if (static_cast<int32_t>(rank) == options_.node_rank) continue;
+    absl::StrAppend(&peers, peers.empty() ? "" : ", ",
+                    options_.node_names[rank]);
+  }
+  return absl::Status(
+      status.code(),
+      absl::StrCat(what, ": ", status.message(),
+                   peers.empty() ? "" : absl::StrCat(" (peers: ", peers, ")")));
+}
+
+absl::Status DataPlane::OpFailure(const Operation& op,
+                                  const absl::Status& status) {
+  return absl::Status(
+      status.code(),
+      absl::StrCat(KindName(op.kind), " of tensor \"", op.tensor_name,
+                   "\" step ", op.step, " failed: ", status.message()));
 }
 
 std::string DataPlane::Describe(const PartitionTask& task) const {
@@ -420,7 +436,7 @@ absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task) {
       DivideInPlace(op.dtype, out, count, options_.world_size);
     }
   }
-  if (!status.ok()) return WithContext(status, Describe(task));
+  if (!status.ok()) return TransportError(status, Describe(task));
   return status;
 }
 

@@ -38,6 +38,9 @@ struct DataPlaneOptions {
   // while any node has work, and while every node is idle.
   std::chrono::microseconds active_cycle{200};
   std::chrono::microseconds idle_cycle{5000};
+  // Node names by node rank, for errors that name the peers of a failed
+  // collective.
+  std::vector<std::string> node_names;
   // When set, every launch is appended here as one line (tests compare the
   // files of all nodes). Not owned; outlives the data plane.
   std::FILE* launch_trace = nullptr;
@@ -141,6 +144,12 @@ class DataPlane {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Report(Done& done);
   std::string Describe(const PartitionTask& task) const;
+  // A transport error with the collective's peers named.
+  absl::Status TransportError(const absl::Status& status,
+                              const std::string& what) const;
+  // `status` as the failure of `op` ("push_pull of tensor "w" step 3: ...").
+  static absl::Status OpFailure(const Operation& op,
+                                const absl::Status& status);
 
   // Single-node operations up to this size run on the submitting thread.
   static constexpr int64_t kInlineBytes = 64 << 10;

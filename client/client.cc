@@ -415,6 +415,20 @@ absl::StatusOr<std::shared_ptr<Handle>> Client::BroadcastAsync(
   return impl_->Enqueue(tensor, step, false, root_rank);
 }
 
+absl::StatusOr<int64_t> Client::WaitForGeneration(
+    int64_t after, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(impl_->mu_);
+  const bool changed = impl_->cv_.wait_for(lock, timeout, [&] {
+    return impl_->info_.generation() > after || !impl_->stream_status_.ok();
+  });
+  if (impl_->info_.generation() > after) return impl_->info_.generation();
+  if (!impl_->stream_status_.ok()) return impl_->stream_status_;
+  (void)changed;
+  return absl::DeadlineExceededError(
+      absl::StrCat("job \"", impl_->info_.job(), "\" ran no generation after ",
+                   after, " within ", timeout.count(), " ms"));
+}
+
 absl::Status Client::Detach(bool finished) {
   v1::TrainerRequest request;
   request.mutable_detach()->set_finished(finished);

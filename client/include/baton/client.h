@@ -132,6 +132,13 @@ class Client {
                                                          int64_t step,
                                                          int32_t root_rank);
 
+  // Waits until the job runs a generation newer than `after` (after a lost
+  // node, for instance) and returns it; rank() and size() describe it then.
+  // DEADLINE_EXCEEDED when none comes in time; the stream's error when the
+  // agent ended the session.
+  absl::StatusOr<int64_t> WaitForGeneration(int64_t after,
+                                            std::chrono::milliseconds timeout);
+
   // Leaves the job; finished = training is done here.
   absl::Status Detach(bool finished);
 

@@ -237,6 +237,36 @@ TEST(AgentIntegrationTest, TrainingContinuesAcrossACoordinatorRestart) {
   ExpectAllPass(cluster, cluster.WaitTrainers(absl::Minutes(1)));
 }
 
+// A hung (stopped) agent: the collectives time out, the failure is reported
+// naming the operation, the communicators are rebuilt in a new generation,
+// and trainers that retry go on.
+TEST(AgentIntegrationTest, TimedOutCollectiveFailsThenTheDataPlaneIsRebuilt) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.Start(2, {}, {"--op_timeout_ms=1000"}).ok());
+  ASSERT_TRUE(
+      cluster
+          .StartTrainers("hang", {1, 1},
+                         {"--scenario=loop", "--count=1024", "--steps=40",
+                          "--step_sleep_ms=20", "--retry"})
+          .ok());
+  ASSERT_TRUE(WaitForOutput(cluster.trainer(0), "step 5 ok"));
+  // Shorter than the coordinator's liveness timeout (6 s): the agent is
+  // hung, not lost.
+  kill(cluster.agent(2).pid(), SIGSTOP);
+  absl::SleepFor(absl::Seconds(3));
+  kill(cluster.agent(2).pid(), SIGCONT);
+  const std::vector<ProcessExit> exits = cluster.WaitTrainers(absl::Minutes(1));
+  ExpectAllPass(cluster, exits);
+  const std::string out = cluster.trainer(0).stdout_text();
+  EXPECT_THAT(out, HasSubstr("RETRY")) << out;
+  EXPECT_THAT(out, HasSubstr("code=4")) << out;  // DEADLINE_EXCEEDED
+  // The failure names the operation and the peer it was waiting for.
+  EXPECT_THAT(out, HasSubstr("push_pull of tensor \"loop\" step")) << out;
+  EXPECT_THAT(out, HasSubstr("timed out")) << out;
+  EXPECT_THAT(out, HasSubstr("(peers: n")) << out;
+  EXPECT_THAT(out, HasSubstr("step 39 ok generation=2")) << out;
+}
+
 TEST(AgentIntegrationTest, DisconnectedTrainerIsALostMember) {
   LocalCluster cluster;
   ASSERT_TRUE(cluster.Start(2).ok());

@@ -31,6 +31,9 @@ DEFINE_int32(steps, 2, "steps to run");
 DEFINE_int32(max_delay_ms, 0, "random delay before each enqueue");
 DEFINE_int64(count, 1024, "elements of the loop scenario's tensor");
 DEFINE_int32(step_sleep_ms, 0, "sleep between steps (loop scenario)");
+DEFINE_bool(retry, false,
+            "on ABORTED / UNAVAILABLE / DEADLINE_EXCEEDED, print RETRY, wait "
+            "for the next generation and run the step again");
 
 namespace baton {
 namespace {
@@ -288,13 +291,33 @@ int Main() {
         order.push_back(*it);
       }
     }
+    bool retry = false;
     for (size_t i = 0; i < handles.size(); ++i) {
       absl::Status status = handles[i]->Wait(std::chrono::minutes(5));
+      const bool retryable =
+          status.code() == absl::StatusCode::kAborted ||
+          status.code() == absl::StatusCode::kUnavailable ||
+          status.code() == absl::StatusCode::kDeadlineExceeded;
+      if (FLAGS_retry && retryable) {
+        std::printf("RETRY step=%" PRId64 " code=%d: %s\n", step,
+                    static_cast<int>(status.code()),
+                    std::string(status.message()).c_str());
+        std::fflush(stdout);
+        retry = true;
+        continue;
+      }
       if (!status.ok()) return Failed(step, status);
       const Tensor& t = *order[i];
       const bool broadcast = t.spec().op() == v1::COLLECTIVE_OP_BROADCAST;
       const bool avg = FLAGS_scenario == "correctness" && average;
       Check(t, world, avg, broadcast, root, step);
+    }
+    if (retry) {
+      const int64_t generation = c.generation();
+      auto next = c.WaitForGeneration(generation, std::chrono::minutes(2));
+      if (!next.ok()) return Failed(step, next.status());
+      --step;
+      continue;
     }
     if (FLAGS_scenario == "loop") {
       std::printf("step %" PRId64 " ok generation=%" PRId64 "\n", step,
