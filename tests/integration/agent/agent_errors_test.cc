@@ -2,7 +2,11 @@
 // error on the right call, and nothing hangs. The test process itself is the
 // trainers (the client library, in-process); coordinator and agents are real
 // processes.
+#include <unistd.h>
+
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -211,6 +215,53 @@ TEST_F(AgentErrorsTest, NodesWithDifferentSchedulingModesFail) {
   absl::Status status = (*handle)->Wait(kWait);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(), HasSubstr("scheduling mode"));
+}
+
+// Runs baton-agent with `flags` to its end; returns (exit code, stderr).
+std::pair<int, std::string> RunAgent(const std::vector<std::string>& flags) {
+  ChildProcess agent;
+  ChildProcess::Options options;
+  options.argv = {LocalCluster::AgentBinary()};
+  options.argv.insert(options.argv.end(), flags.begin(), flags.end());
+  char path[] = "/tmp/baton-agent-flags.XXXXXX";
+  const int fd = mkstemp(path);
+  close(fd);
+  options.stderr_path = path;
+  EXPECT_TRUE(agent.Start(options).ok());
+  const ProcessExit exit = agent.Wait(absl::Seconds(10));
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  unlink(path);
+  return {exit.exited ? exit.exit_code : -1, text + agent.stdout_text()};
+}
+
+TEST(AgentFlagsTest, BadFlagsExitWithTwoAndSayWhatToFix) {
+  const struct {
+    std::string flag;
+    std::string says;
+  } cases[] = {
+      {"--scheduling=lifo", "--scheduling=lifo is unknown"},
+      {"--credit_bytes=0", "--credit_bytes=0 must be positive"},
+      {"--data_channels=17", "at most 16"},
+      {"--coordinator=nohost", "--coordinator"},
+      {"--node=bad name", "--node"},
+      {"--op_timeout_ms=soon", "op_timeout_ms"},
+  };
+  for (const auto& c : cases) {
+    const auto [code, output] = RunAgent({c.flag, "--socket=/tmp/unused.sock"});
+    EXPECT_EQ(code, 2) << c.flag << ": " << output;
+    EXPECT_THAT(output, HasSubstr(c.says)) << c.flag;
+  }
+}
+
+TEST(AgentFlagsTest, HelpListsTheAgentsFlagsWithDefaults) {
+  const auto [code, output] = RunAgent({"--help"});
+  EXPECT_THAT(output, HasSubstr("-credit_bytes"));
+  EXPECT_THAT(output, HasSubstr("default: 16777216"));
+  EXPECT_THAT(output, HasSubstr("-scheduling"));
+  EXPECT_THAT(output, HasSubstr("-data_channels"));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("-logtostderr")));
 }
 
 }  // namespace
