@@ -122,11 +122,7 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
 }
 
 int Main(int argc, char** argv) {
-  sigset_t shutdown_signals;
-  sigemptyset(&shutdown_signals);
-  sigaddset(&shutdown_signals, SIGTERM);
-  sigaddset(&shutdown_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &shutdown_signals, nullptr);
+  const sigset_t shutdown_signals = BlockShutdownSignals();
 
   InitProcess(&argc, &argv, kUsage);
   absl::StatusOr<agent::AgentConfig> config = ConfigFromFlags();

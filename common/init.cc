@@ -112,4 +112,13 @@ void InitProcess(int* argc, char*** argv, const char* usage) {
   std::signal(SIGPIPE, SIG_IGN);
 }
 
+sigset_t BlockShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
 }  // namespace baton

@@ -141,13 +141,7 @@ std::string BoundAddress(const std::string& listen, int port) {
 }
 
 int Main(int argc, char** argv) {
-  // Block the shutdown signals before any thread exists, so every thread
-  // inherits the mask and only sigwait below receives them.
-  sigset_t shutdown_signals;
-  sigemptyset(&shutdown_signals);
-  sigaddset(&shutdown_signals, SIGTERM);
-  sigaddset(&shutdown_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &shutdown_signals, nullptr);
+  const sigset_t shutdown_signals = BlockShutdownSignals();
 
   InitProcess(&argc, &argv, kUsage);
   absl::StatusOr<CoordinatorOptions> options = OptionsFromFlags();

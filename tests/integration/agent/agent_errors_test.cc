@@ -64,6 +64,13 @@ v1::TensorSpec Spec(const std::string& name, v1::DataType dtype,
   return spec;
 }
 
+// Declares one float32 tensor "g" of 8 elements.
+std::vector<std::shared_ptr<Tensor>> DeclareG(Client& client) {
+  auto declared = client.Declare({Spec("g", v1::DATA_TYPE_FLOAT32, {8})});
+  EXPECT_TRUE(declared.ok()) << declared.status();
+  return declared.ok() ? *declared : std::vector<std::shared_ptr<Tensor>>{};
+}
+
 class AgentErrorsTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(cluster_.Start(2).ok()); }
@@ -166,13 +173,9 @@ TEST_F(AgentErrorsTest, NodesEnqueueingDifferentStepsFailInsteadOfHanging) {
   auto clients = ConnectAll({Trainer(cluster_, 1, "steps", 0, 1, 2),
                              Trainer(cluster_, 2, "steps", 0, 1, 2)});
   ASSERT_EQ(clients.size(), 2u);
-  std::vector<std::shared_ptr<Tensor>> tensors[2];
-  for (int i = 0; i < 2; ++i) {
-    auto declared =
-        clients[i]->Declare({Spec("g", v1::DATA_TYPE_FLOAT32, {8})});
-    ASSERT_TRUE(declared.ok()) << declared.status();
-    tensors[i] = *declared;
-  }
+  const std::vector<std::shared_ptr<Tensor>> tensors[2] = {
+      DeclareG(*clients[0]), DeclareG(*clients[1])};
+  ASSERT_FALSE(tensors[0].empty() || tensors[1].empty());
   auto a = clients[0]->PushPullAsync(*tensors[0][0], 1, false);
   auto b = clients[1]->PushPullAsync(*tensors[1][0], 2, false);
   for (auto* h : {&a, &b}) {
@@ -203,13 +206,9 @@ TEST_F(AgentErrorsTest, NodesWithDifferentSchedulingModesFail) {
   fifo.scheduling = "fifo";
   auto clients = ConnectAll({fifo, Trainer(cluster_, 2, "modes", 0, 1, 2)});
   ASSERT_EQ(clients.size(), 2u);
-  std::vector<std::shared_ptr<Tensor>> tensors[2];
-  for (int i = 0; i < 2; ++i) {
-    auto declared =
-        clients[i]->Declare({Spec("g", v1::DATA_TYPE_FLOAT32, {8})});
-    ASSERT_TRUE(declared.ok()) << declared.status();
-    tensors[i] = *declared;
-  }
+  const std::vector<std::shared_ptr<Tensor>> tensors[2] = {
+      DeclareG(*clients[0]), DeclareG(*clients[1])};
+  ASSERT_FALSE(tensors[0].empty() || tensors[1].empty());
   auto handle = clients[0]->PushPullAsync(*tensors[0][0], 0, false);
   ASSERT_TRUE(handle.ok());
   absl::Status status = (*handle)->Wait(kWait);
