@@ -26,7 +26,9 @@ DEFINE_string(dtypes, "float32,float64,float16,bfloat16,int32,int64,uint8,int8",
 DEFINE_string(counts, "1,p-1,p+1",
               "element counts: N, or p-1 / p+1 (partition_bytes -/+ one "
               "element, one byte for 1-byte types)");
-DEFINE_string(big, "", "extra float32 tensor of this many MiB (correctness)");
+DEFINE_string(big, "",
+              "extra float32 tensors (push_pull and broadcast) of this many "
+              "MiB (correctness)");
 DEFINE_int32(steps, 2, "steps to run");
 DEFINE_int32(max_delay_ms, 0, "random delay before each enqueue");
 DEFINE_int64(count, 1024, "elements of the loop scenario's tensor");
@@ -245,6 +247,8 @@ int Main() {
     if (!FLAGS_big.empty() && absl::SimpleAtoi(FLAGS_big, &big_mib)) {
       specs.push_back(Spec("sum.float32.big", v1::DATA_TYPE_FLOAT32,
                            big_mib << 18, v1::COLLECTIVE_OP_PUSH_PULL));
+      specs.push_back(Spec("bcast.float32.big", v1::DATA_TYPE_FLOAT32,
+                           big_mib << 18, v1::COLLECTIVE_OP_BROADCAST));
     }
   } else if (FLAGS_scenario == "priority") {
     // Declared first: the most urgent.
