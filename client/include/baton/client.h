@@ -132,8 +132,10 @@ class Client {
                                                          int64_t step,
                                                          int32_t root_rank);
 
-  // Waits until the job runs a generation newer than `after` (after a lost
-  // node, for instance) and returns it; rank() and size() describe it then.
+  // Waits until the job runs a generation newer than `after` and returns it;
+  // rank() and size() describe it then. After a failed operation pass the
+  // failed handle's generation(): the next generation may already have
+  // arrived by the time the failure is handled.
   // DEADLINE_EXCEEDED when none comes in time; the stream's error when the
   // agent ended the session.
   absl::StatusOr<int64_t> WaitForGeneration(int64_t after,

@@ -6,6 +6,7 @@
 // operation fails (exit 3).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -296,6 +297,7 @@ int Main() {
       }
     }
     bool retry = false;
+    int64_t failed_generation = 0;
     for (size_t i = 0; i < handles.size(); ++i) {
       absl::Status status = handles[i]->Wait(std::chrono::minutes(5));
       const bool retryable =
@@ -308,6 +310,8 @@ int Main() {
                     std::string(status.message()).c_str());
         std::fflush(stdout);
         retry = true;
+        failed_generation =
+            std::max(failed_generation, handles[i]->generation());
         continue;
       }
       if (!status.ok()) return Failed(step, status);
@@ -317,8 +321,10 @@ int Main() {
       Check(t, world, avg, broadcast, root, step);
     }
     if (retry) {
-      const int64_t generation = c.generation();
-      auto next = c.WaitForGeneration(generation, std::chrono::minutes(2));
+      // The next generation may already be there: wait for one newer than
+      // the generation the step failed in, not the current one.
+      auto next =
+          c.WaitForGeneration(failed_generation, std::chrono::minutes(2));
       if (!next.ok()) return Failed(step, next.status());
       --step;
       continue;
