@@ -109,7 +109,9 @@ absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
     return absl::UnavailableError("the agent is shutting down");
   }
   auto it = jobs_.find(job);
-  if (it != jobs_.end()) return it->second;
+  // A job that ended here and was not reaped yet is replaced: trainers
+  // attaching now start it afresh.
+  if (it != jobs_.end() && !it->second->ended()) return it->second;
   AgentJob::Environment env;
   env.config = &config_;
   env.coordinator = coordinator_.get();
@@ -117,11 +119,13 @@ absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
   env.store_factory = [this](const std::string& name, int64_t generation) {
     return std::make_shared<RendezvousClient>(channel_, name, generation);
   };
-  env.on_done = [this, job] {
+  auto created_ptr = std::make_shared<const AgentJob*>(nullptr);
+  env.on_done = [this, created_ptr] {
     std::lock_guard<std::mutex> lock(mu_);
-    done_.push_back(job);
+    done_.push_back(*created_ptr);
   };
   auto created = std::make_shared<AgentJob>(job, std::move(env));
+  *created_ptr = created.get();
   jobs_[job] = created;
   return created;
 }
@@ -156,9 +160,11 @@ void Agent::ReapJobs() {
   std::vector<std::shared_ptr<AgentJob>> reaped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const std::string& name : done_) {
-      auto it = jobs_.find(name);
-      if (it == jobs_.end()) continue;
+    for (const AgentJob* job : done_) {
+      if (job == nullptr) continue;
+      auto it = jobs_.find(job->name());
+      // Only if the name still maps to that job (not to a newer one).
+      if (it == jobs_.end() || it->second.get() != job) continue;
       reaped.push_back(std::move(it->second));
       jobs_.erase(it);
     }

@@ -37,8 +37,12 @@ AgentJob::AgentJob(std::string name, Environment env)
   }
   next_report_ = Clock::now();
   reported_at_ = Clock::now();
-  auto doorbell = SharedMemory::Create(
-      absl::StrCat("/baton.", config_.pid, ".", name_, ".bell"), 4096);
+  // A new instance number per AgentJob: a job that ends and is attached
+  // again under the same name never collides with the old one's names.
+  static std::atomic<uint64_t> instances{0};
+  shm_prefix_ =
+      absl::StrCat("/baton.", config_.pid, ".", instances++, ".", name_, ".");
+  auto doorbell = SharedMemory::Create(shm_prefix_ + "bell", 4096);
   if (doorbell.ok()) {
     doorbell_memory_ = std::move(*doorbell);
     doorbell_ = new (doorbell_memory_.data()) Doorbell();
@@ -282,9 +286,9 @@ void AgentJob::HandleAttach(std::shared_ptr<TrainerSink> sink, uint64_t seq,
   trainer.sink = std::move(sink);
   trainer.pid = r.pid();
   if (doorbell_ != &local_doorbell_) {
-    auto channel = SharedMemory::Create(
-        absl::StrCat("/baton.", config_.pid, ".", name_, ".ch", r.local_rank()),
-        sizeof(TrainerChannel));
+    auto channel =
+        SharedMemory::Create(absl::StrCat(shm_prefix_, "ch", r.local_rank()),
+                             sizeof(TrainerChannel));
     if (channel.ok()) {
       trainer.channel_memory = std::move(*channel);
       trainer.channel = new (trainer.channel_memory.data()) TrainerChannel();
@@ -305,12 +309,13 @@ void AgentJob::HandleDeclare(TrainerSink* sink, uint64_t seq,
   const int32_t rank = RankOf(sink);
   if (rank < 0) return;
   Trainer& trainer = trainers_[rank];
-  v1::TrainerEvent reply;
-  reply.set_reply_to(seq);
-  v1::Declared* declared = reply.mutable_declared();
+  // All or nothing: every declaration is checked, and every new tensor's
+  // shared memory created, before any is recorded.
+  const int32_t first = trainer.declared;
+  std::vector<std::unique_ptr<LocalTensor>> created;
   for (int i = 0; i < request.tensors_size(); ++i) {
     const v1::TensorSpec& spec = request.tensors(i);
-    const int32_t index = trainer.declared;
+    const int32_t index = first + i;
     const std::string what = absl::StrCat("DeclareRequest.tensors[", i, "]");
     absl::Status status = ValidateDeclaration(what, spec);
     if (status.ok() && index < static_cast<int32_t>(tensors_.size())) {
@@ -323,39 +328,55 @@ void AgentJob::HandleDeclare(TrainerSink* sink, uint64_t seq,
             ". Every trainer must declare the same tensors in the same "
             "order"));
       }
-    }
-    if (status.ok() && index == static_cast<int32_t>(tensors_.size())) {
-      for (const auto& t : tensors_) {
-        if (t->spec.name() == spec.name()) {
+    } else if (status.ok()) {
+      for (int32_t j = 0; j < index && status.ok(); ++j) {
+        const std::string& other = j < static_cast<int32_t>(tensors_.size())
+                                       ? tensors_[j]->spec.name()
+                                       : request.tensors(j - first).name();
+        if (other == spec.name()) {
           status = absl::InvalidArgumentError(absl::StrCat(
               what, " declares \"", spec.name(),
               "\" a second time; tensor names are unique within a job"));
         }
       }
       if (status.ok()) {
-        const std::string shm_name =
-            absl::StrCat("/baton.", config_.pid, ".", name_, ".", index);
-        auto tensor = LocalTensor::Create(shm_name, spec, params_.local_size());
+        auto tensor = LocalTensor::Create(absl::StrCat(shm_prefix_, index),
+                                          spec, params_.local_size());
         if (tensor.ok()) {
-          tensors_.push_back(std::move(*tensor));
-          op_of_tensor_.push_back(0);
-          lease_of_tensor_.push_back(0);
+          created.push_back(std::move(*tensor));
         } else {
           status = tensor.status();
         }
       }
     }
     if (!status.ok()) {
-      // The tensors before this one stay declared; the trainer sees which.
-      trainer.sink->Send(ErrorEvent(seq, status));
+      for (const auto& t : created) {
+        SharedMemory::Unlink(t->memory.name()).IgnoreError();
+      }
+      trainer.sink->Send(ErrorEvent(
+          seq, absl::Status(status.code(),
+                            absl::StrCat(status.message(),
+                                         " (nothing of this request was "
+                                         "declared)"))));
       return;
     }
+  }
+  for (auto& tensor : created) {
+    tensors_.push_back(std::move(tensor));
+    op_of_tensor_.push_back(0);
+    lease_of_tensor_.push_back(0);
+  }
+  v1::TrainerEvent reply;
+  reply.set_reply_to(seq);
+  v1::Declared* declared = reply.mutable_declared();
+  for (int i = 0; i < request.tensors_size(); ++i) {
+    const int32_t index = first + i;
     LocalTensor& tensor = *tensors_[index];
     ++tensor.declared_by;
     ++trainer.declared;
     v1::DeclaredTensor* out = declared->add_tensors();
     out->set_index(index);
-    out->set_name(spec.name());
+    out->set_name(tensor.spec.name());
     out->set_shm_name(tensor.memory.name());
     out->set_shm_bytes(static_cast<int64_t>(tensor.memory.size()));
     out->set_input_offset(tensor.input_offsets[rank]);
@@ -462,9 +483,33 @@ void AgentJob::HandleEnqueue(TrainerSink* sink,
                                    "\" has no sealed generation yet; "
                                    "enqueue after `attached`")));
   }
+  if (data_plane_stopped_) return FailOp(rank, request, *data_plane_stopped_);
   absl::Status status = ValidateEnqueue(rank, request);
   if (!status.ok()) return FailOp(rank, request, status);
   LocalTensor& tensor = *tensors_[request.index()];
+  uint64_t& current = op_of_tensor_[request.index()];
+  if (current != 0) {
+    // Local ranks must agree on average and root: otherwise the operation
+    // cannot run, and every local rank that enqueued it hears why.
+    PendingOp& pending = ops_.at(current);
+    for (const Enqueued& other : pending.ranks) {
+      if (!other.present) continue;
+      const auto& o = other.request;
+      if (o.average() != request.average() ||
+          o.root_rank() != request.root_rank()) {
+        const absl::Status disagree = absl::InvalidArgumentError(absl::StrCat(
+            "local rank ", rank, " enqueued step ", request.step(),
+            " of tensor \"", tensor.spec.name(), "\" with average=",
+            request.average(), " root_rank=", request.root_rank(),
+            " but another local rank used average=", o.average(), " root_rank=",
+            o.root_rank(), "; every rank must enqueue the same operation"));
+        FailOp(rank, request, disagree);
+        FinishOp(pending, disagree);
+        return;
+      }
+      break;
+    }
+  }
   tensor.last_step[rank] = request.step();
   if (!tensor.first_enqueued[rank]) {
     tensor.first_enqueued[rank] = true;
@@ -477,7 +522,6 @@ void AgentJob::HandleEnqueue(TrainerSink* sink,
       tensor.unlinked = true;
     }
   }
-  uint64_t& current = op_of_tensor_[request.index()];
   if (current == 0) {
     current = next_op_id.fetch_add(1);
     PendingOp& pending = ops_[current];
@@ -489,21 +533,6 @@ void AgentJob::HandleEnqueue(TrainerSink* sink,
     pending.ranks.assign(params_.local_size(), Enqueued{});
   }
   PendingOp& pending = ops_.at(current);
-  for (const Enqueued& other : pending.ranks) {
-    if (!other.present) continue;
-    const auto& o = other.request;
-    if (o.average() != request.average() ||
-        o.root_rank() != request.root_rank()) {
-      return FailOp(rank, request,
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "local rank ", rank, " enqueued step ", request.step(),
-                        " of tensor \"", tensor.spec.name(), "\" with average=",
-                        request.average(), " root_rank=", request.root_rank(),
-                        " but another local rank used average=", o.average(),
-                        " root_rank=", o.root_rank())));
-    }
-    break;
-  }
   pending.ranks[rank] = Enqueued{true, request, via_channel};
   if (std::all_of(pending.ranks.begin(), pending.ranks.end(),
                   [](const Enqueued& e) { return e.present; })) {
@@ -686,6 +715,10 @@ void AgentJob::HandleDetach(TrainerSink* sink,
   const int32_t rank = RankOf(sink);
   if (rank < 0) return;
   Trainer& trainer = trainers_[rank];
+  if (!request.reason().empty()) {
+    LOG(INFO) << "job " << name_ << ": local rank " << rank << " detached ("
+              << request.reason() << ")";
+  }
   if (!request.finished()) {
     return HandleTrainerGone(sink);
   }
@@ -727,7 +760,12 @@ void AgentJob::LeaveAndEnd(const absl::Status& status, bool finished) {
     leave->set_generation(membership_ ? membership_->generation() : 0);
     leave->set_finished(finished);
     leave->set_reason(std::string(status.message()));
-    if (finished && data_plane_) data_plane_->Leave();
+    if (finished && data_plane_) {
+      // Every node stops after the round that carries this; the data plane
+      // finishes on its own, without an abort.
+      data_plane_->Leave();
+      retired_.push_back(std::move(data_plane_));
+    }
     env_.coordinator->Send(std::move(message));
   }
   End(status);
@@ -736,6 +774,7 @@ void AgentJob::LeaveAndEnd(const absl::Status& status, bool finished) {
 void AgentJob::End(const absl::Status& status) {
   if (state_ == State::kDone) return;
   state_ = State::kDone;
+  ended_ = true;
   if (data_plane_) RetireDataPlane(status);
   held_failures_.clear();
   std::vector<uint64_t> ids;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -62,6 +63,8 @@ class AgentJob {
   AgentJob& operator=(const AgentJob&) = delete;
 
   const std::string& name() const { return name_; }
+  // True once the job ended on this node (it only waits to be destroyed).
+  bool ended() const { return ended_.load(); }
 
   // Trainer requests. `sink` identifies the trainer's stream.
   void Attach(std::shared_ptr<TrainerSink> sink, uint64_t seq,
@@ -169,6 +172,9 @@ class AgentJob {
   void SendManifest();
   void SendReport();
   void ConnectDataPlane();
+  // On a connector thread: the data communicators every node builds (node
+  // rank 0's --data_channels, published in the store).
+  absl::StatusOr<int> AgreeOnChannels(const ConnectRequest& request) const;
   void OnDataPlaneConnected(
       int64_t generation,
       absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> comms);
@@ -184,6 +190,8 @@ class AgentJob {
   const std::string name_;
   const Environment env_;
   const AgentConfig& config_;
+  // "/baton.<agent pid>.<instance>.<job>.": names of this job's shared memory.
+  std::string shm_prefix_;
 
   // The job's doorbell: trainers ring it after pushing into their request
   // rings, Post after queueing a task; the job thread sleeps on it.
@@ -205,6 +213,7 @@ class AgentJob {
   std::vector<std::unique_ptr<LocalTensor>> tensors_;
   int32_t manifest_sent_ = 0;
   uint64_t join_seq_ = 0;
+  uint64_t manifest_seq_ = 0;
   uint64_t rejoin_seq_ = 0;
   std::optional<v1::Membership> membership_;
   int32_t node_rank_ = -1;
@@ -230,6 +239,9 @@ class AgentJob {
   std::optional<absl::Status> data_plane_failure_;
   Clock::time_point failure_deadline_;
   std::vector<std::pair<uint64_t, absl::Status>> held_failures_;
+  // Set when the data plane stopped for good in this generation (a node
+  // left, or the nodes disagree on the mode): enqueues fail with it at once.
+  std::optional<absl::Status> data_plane_stopped_;
   Clock::time_point next_report_;
   // Per tensor id since the last report: operations, total and max latency.
   struct Latency {
@@ -242,6 +254,7 @@ class AgentJob {
   Clock::time_point reported_at_;
   std::FILE* launch_trace_ = nullptr;
   bool done_reported_ = false;
+  std::atomic<bool> ended_{false};
 
   std::thread thread_;
   // Data-plane connects run on their own threads, so the job thread never

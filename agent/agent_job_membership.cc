@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/agent_job.h"
@@ -50,7 +52,10 @@ void AgentJob::SendJoin() {
   v1::AgentMessage message;
   v1::JoinJob* join = message.mutable_join();
   join->set_job(name_);
-  join->set_data_address(config_.data_host + ":0");
+  // Port 0: gloo's ports go through the rendezvous store.
+  join->set_data_address(config_.data_host.find(':') == std::string::npos
+                             ? config_.data_host + ":0"
+                             : "[" + config_.data_host + "]:0");
   join->set_local_size(params_.local_size());
   join->set_expected_nodes(params_.expected_nodes());
   join->set_min_nodes(params_.min_nodes());
@@ -63,10 +68,13 @@ void AgentJob::HandleSession(bool restarted) {
     SendJoin();
     return;
   }
-  if (!membership_ ||
-      (state_ != State::kRunning && state_ != State::kReforming)) {
+  if (state_ == State::kReforming) {
+    // The generation we know was aborted: never ask to rebuild it.
+    state_ = State::kJoining;
+    SendJoin();
     return;
   }
+  if (!membership_ || state_ != State::kRunning) return;
   // Re-report the generation we run; the coordinator rebuilds the job from
   // it (restarted) or tells us it moved on (then we join afresh).
   v1::AgentMessage message;
@@ -108,11 +116,22 @@ void AgentJob::HandleMembership(const v1::Membership& m) {
     RetireDataPlane(absl::AbortedError(absl::StrCat(
         "job \"", name_, "\" moved to generation ", m.generation())));
   }
+  // Failures held for a previous generation are reported now.
+  auto held = std::move(held_failures_);
+  held_failures_.clear();
+  const std::optional<absl::Status> failure = data_plane_failure_;
+  data_plane_failure_.reset();
+  for (auto& [id, status] : held) {
+    auto it = ops_.find(id);
+    if (it != ops_.end()) FinishOp(it->second, failure ? *failure : status);
+  }
+  // The coordinator checks manifests afresh in every generation.
+  for (auto& tensor : tensors_) tensor->mismatch = absl::OkStatus();
   membership_ = m;
   node_rank_ = node_rank;
   rank_offset_ = rank_offset;
   state_ = State::kRunning;
-  data_plane_failure_.reset();
+  data_plane_stopped_.reset();
   manifest_sent_ = 0;
   LOG(INFO) << "job " << name_ << ": generation " << m.generation()
             << " sealed, node rank " << node_rank << " of " << m.nodes_size()
@@ -169,7 +188,7 @@ void AgentJob::SendManifest() {
   for (int32_t i = 0; i < complete; ++i) {
     *manifest->add_tensors() = tensors_[i]->spec;
   }
-  env_.coordinator->Send(std::move(message));
+  manifest_seq_ = env_.coordinator->Send(std::move(message));
   manifest_sent_ = complete;
 }
 
@@ -240,6 +259,16 @@ void AgentJob::HandleError(uint64_t reply_to, const v1::Error& error) {
     LOG(ERROR) << "job " << name_ << ": " << error.message();
     return;
   }
+  if (reply_to != 0 && reply_to == manifest_seq_) {
+    // The coordinator refused this node's declarations outright (not a
+    // mismatch between nodes): nothing declared can ever run.
+    LOG(ERROR) << "job " << name_ << ": manifest refused: " << error.message();
+    End(absl::Status(status.code(),
+                     absl::StrCat("the coordinator refused this node's tensor "
+                                  "declarations: ",
+                                  error.message())));
+    return;
+  }
   if (reply_to != 0 && reply_to == join_seq_) {
     LOG(ERROR) << "job " << name_ << ": join refused: " << error.message();
     End(status);
@@ -269,21 +298,57 @@ void AgentJob::ConnectDataPlane() {
   ConnectRequest request;
   request.node_rank = node_rank_;
   request.num_nodes = m.nodes_size();
-  request.prefix = m.store_prefix() + "/data";
+  request.prefix = m.store_prefix() +
+                   (absl::EndsWith(m.store_prefix(), "/") ? "" : "/") + "data";
   request.store = env_.store_factory(name_, m.generation());
   // One negotiation communicator plus the data communicators.
   request.count = 1 + config_.data_channels;
   request.timeout = config_.op_timeout;
   const int64_t generation = m.generation();
-  connectors_.emplace_back([this, request, generation] {
+  connectors_.emplace_back([this, request, generation]() mutable {
     // std::function needs a copyable task: share the move-only result.
     auto comms = std::make_shared<
         absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>>(
-        env_.transport->Connect(request));
+        absl::UnavailableError("not connected"));
+    // Node rank 0's --data_channels holds for everyone, so agents started
+    // with different values still build the same communicators.
+    absl::StatusOr<int> channels = AgreeOnChannels(request);
+    if (channels.ok()) {
+      request.count = 1 + *channels;
+      *comms = env_.transport->Connect(request);
+    } else {
+      *comms = channels.status();
+    }
     Post([this, generation, comms] {
       OnDataPlaneConnected(generation, std::move(*comms));
     });
   });
+}
+
+absl::StatusOr<int> AgentJob::AgreeOnChannels(
+    const ConnectRequest& request) const {
+  const std::string key = request.prefix + "/channels";
+  if (request.node_rank == 0) {
+    absl::Status status =
+        request.store->Set(key, std::to_string(config_.data_channels));
+    if (!status.ok()) return status;
+    return config_.data_channels;
+  }
+  auto values = request.store->Get({key}, request.timeout);
+  if (!values.ok()) return values.status();
+  int channels = 0;
+  if (!absl::SimpleAtoi((*values)[0], &channels) || channels < 1 ||
+      channels > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node rank 0 published \"", (*values)[0],
+                     "\" as its data channel count; expected 1..16"));
+  }
+  if (channels != config_.data_channels) {
+    LOG(WARNING) << "job " << name_ << ": using node rank 0's " << channels
+                 << " data channels instead of --data_channels="
+                 << config_.data_channels;
+  }
+  return channels;
 }
 
 void AgentJob::OnDataPlaneConnected(
@@ -295,9 +360,12 @@ void AgentJob::OnDataPlaneConnected(
   }
   if (!comms.ok()) {
     if (comms.status().code() == absl::StatusCode::kAborted) return;
+    // Whatever went wrong (peers missing, the store unreachable after a
+    // coordinator restart), a new generation is the way out: treat it like a
+    // transport failure.
     OnDataPlaneStopped(
         nullptr,
-        absl::Status(comms.status().code(),
+        absl::Status(absl::StatusCode::kUnavailable,
                      absl::StrCat("connecting the data plane "
                                   "of generation ",
                                   generation, ": ", comms.status().message())));
@@ -352,7 +420,9 @@ void AgentJob::OnDataPlaneStopped(DataPlane* plane, absl::Status status) {
   const bool transport = status.code() == absl::StatusCode::kUnavailable ||
                          status.code() == absl::StatusCode::kDeadlineExceeded;
   if (!transport) {
-    // A node left or the nodes disagree: nothing to wait for.
+    // A node left or the nodes disagree: nothing to wait for, and nothing
+    // more can run in this generation.
+    data_plane_stopped_ = status;
     FailGeneration(membership_->generation(), status);
     return;
   }

@@ -73,22 +73,26 @@ uint64_t CoordinatorClient::Send(v1::AgentMessage message) {
 }
 
 void CoordinatorClient::Run() {
-  std::chrono::milliseconds backoff{100};
+  constexpr std::chrono::milliseconds kInitialBackoff{100};
+  std::chrono::milliseconds backoff = kInitialBackoff / 2;
   while (true) {
-    const std::chrono::milliseconds wait = RunSession();
+    const SessionEnd end = RunSession();
     std::unique_lock<std::mutex> lock(mu_);
     if (stop_) return;
-    backoff = wait.count() > 0 ? wait : std::min(backoff * 2, max_backoff_);
+    // After a session that worked, start over from a short wait.
+    if (end.accepted) backoff = kInitialBackoff / 2;
+    backoff = end.retry_after.count() > 0 ? end.retry_after
+                                          : std::min(backoff * 2, max_backoff_);
     cv_.wait_for(lock, backoff, [this] { return stop_; });
     if (stop_) return;
   }
 }
 
-std::chrono::milliseconds CoordinatorClient::RunSession() {
+CoordinatorClient::SessionEnd CoordinatorClient::RunSession() {
   grpc::ClientContext context;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return std::chrono::milliseconds(0);
+    if (stop_) return SessionEnd{};
     context_ = &context;
   }
   auto stream = stub_->AgentSession(&context);
@@ -153,7 +157,7 @@ std::chrono::milliseconds CoordinatorClient::RunSession() {
   } else {
     VLOG(1) << "coordinator not reachable: " << status.error_message();
   }
-  return retry_after;
+  return SessionEnd{retry_after, accepted};
 }
 
 void CoordinatorClient::HeartbeatLoop() {

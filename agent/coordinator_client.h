@@ -49,8 +49,13 @@ class CoordinatorClient final : public CoordinatorLink {
 
  private:
   void Run();
-  // One session; returns how long to wait before the next attempt.
-  std::chrono::milliseconds RunSession();
+  struct SessionEnd {
+    // The coordinator's Shutdown.retry_after_ms, or 0.
+    std::chrono::milliseconds retry_after{0};
+    bool accepted = false;
+  };
+  // One session.
+  SessionEnd RunSession();
   void HeartbeatLoop();
 
   const std::shared_ptr<grpc::Channel> channel_;

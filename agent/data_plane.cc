@@ -128,6 +128,9 @@ void DataPlane::SchedulerLoop() {
   bool active = true;
   while (Round(vec, body, active)) {
   }
+  // Closing the connections now (not at destruction) makes peers still
+  // blocked on this node fail at once instead of at their timeout.
+  negotiation_.reset();
   std::lock_guard<std::mutex> lock(mu_);
   --threads_running_;
 }
@@ -372,6 +375,7 @@ void DataPlane::WorkerLoop(Worker* worker) {
     if (failed_now && callbacks_.stopped) callbacks_.stopped(stop_status);
     Report(done);
   }
+  worker->comm.reset();  // as in SchedulerLoop
   std::lock_guard<std::mutex> lock(mu_);
   --threads_running_;
 }

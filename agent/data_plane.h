@@ -157,8 +157,10 @@ class DataPlane {
   // Constant after construction.
   const DataPlaneOptions options_;
   const Callbacks callbacks_;
-  std::unique_ptr<Communicator> negotiation_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  // Used, and reset when it exits, by the scheduler thread only (a worker's
+  // comm likewise by that worker).
+  std::unique_ptr<Communicator> negotiation_;
 
   mutable std::mutex mu_;
   std::condition_variable scheduler_cv_;

@@ -104,7 +104,9 @@ class Tensor {
 // A trainer's connection to its agent: attach, declare, enqueue, wait.
 //
 // Thread-safe. One reader thread completes handles from the agent's event
-// stream; if the stream breaks every pending handle fails with UNAVAILABLE.
+// stream (and one from the shared-memory completion ring); if the stream
+// ends, every pending handle fails with the stream's status (UNAVAILABLE
+// when the agent ended it with OK).
 class Client {
  public:
   // Connects, attaches and waits until the job's generation is sealed.

@@ -129,8 +129,14 @@ TEST_F(AgentErrorsTest, BadDeclarationsNameTheTensorAndField) {
   bad = clients[0]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {-1})});
   EXPECT_THAT(bad.status().message(), HasSubstr("dimensions must be >= 0"));
 
-  ASSERT_TRUE(
-      clients[0]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {4})}).ok());
+  // All or nothing: "a" is not declared when "b" is refused.
+  bad = clients[0]->Declare({Spec("a", v1::DATA_TYPE_FLOAT32, {2}),
+                             Spec("b", v1::DATA_TYPE_FLOAT32, {-3})});
+  EXPECT_THAT(bad.status().message(),
+              AllOf(HasSubstr("tensors[1]"), HasSubstr("nothing of this")));
+  auto w = clients[0]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {4})});
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)[0]->index(), 0);
   bad = clients[0]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {4})});
   EXPECT_THAT(bad.status().message(), HasSubstr("a second time"));
   // The other local rank declares #0 differently.
@@ -138,6 +144,28 @@ TEST_F(AgentErrorsTest, BadDeclarationsNameTheTensorAndField) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(),
               HasSubstr("dtype DATA_TYPE_INT64 vs DATA_TYPE_FLOAT32"));
+}
+
+TEST_F(AgentErrorsTest, LocalRanksDisagreeingOnAverageFailThenRetry) {
+  auto clients = ConnectAll({Trainer(cluster_, 1, "average", 0, 2),
+                             Trainer(cluster_, 1, "average", 1, 2)});
+  ASSERT_EQ(clients.size(), 2u);
+  const std::vector<std::shared_ptr<Tensor>> tensors[2] = {
+      DeclareG(*clients[0]), DeclareG(*clients[1])};
+  ASSERT_FALSE(tensors[0].empty() || tensors[1].empty());
+  auto a = clients[0]->PushPullAsync(*tensors[0][0], 0, /*average=*/true);
+  auto b = clients[1]->PushPullAsync(*tensors[1][0], 0, /*average=*/false);
+  for (auto* h : {&a, &b}) {
+    ASSERT_TRUE(h->ok());
+    absl::Status status = (**h)->Wait(kWait);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("average="));
+  }
+  // Both may run the same step again, in agreement.
+  a = clients[0]->PushPullAsync(*tensors[0][0], 0, false);
+  b = clients[1]->PushPullAsync(*tensors[1][0], 0, false);
+  EXPECT_TRUE((*a)->Wait(kWait).ok());
+  EXPECT_TRUE((*b)->Wait(kWait).ok());
 }
 
 TEST_F(AgentErrorsTest, BadEnqueuesFailTheirHandle) {
