@@ -181,8 +181,10 @@ class AgentJob {
   void OnDataPlaneStopped(DataPlane* plane, absl::Status status);
   void RetireDataPlane(absl::Status status);
   // Fails every operation of `generation` now (FailNow), including those
-  // still waiting for some local ranks.
-  void FailGeneration(int64_t generation, const absl::Status& status);
+  // still waiting for some local ranks; `only_waiting`: only those no data
+  // plane holds.
+  void FailGeneration(int64_t generation, const absl::Status& status,
+                      bool only_waiting = false);
   void SendAttached();
   v1::Attached AttachedFor(int32_t local_rank) const;
   int64_t CompletedStep() const;

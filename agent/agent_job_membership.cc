@@ -422,8 +422,10 @@ void AgentJob::OnDataPlaneStopped(DataPlane* plane, absl::Status status) {
   if (!transport) {
     // A node left or the nodes disagree: nothing to wait for, and nothing
     // more can run in this generation.
+    // What the data plane holds it finishes itself (launched partitions
+    // still complete); what never reached it fails here.
     data_plane_stopped_ = status;
-    FailGeneration(membership_->generation(), status);
+    FailGeneration(membership_->generation(), status, /*only_waiting=*/true);
     return;
   }
   // A lost node usually explains this within the liveness bound; until then
@@ -432,9 +434,11 @@ void AgentJob::OnDataPlaneStopped(DataPlane* plane, absl::Status status) {
   failure_deadline_ = Clock::now() + env_.coordinator->liveness_timeout();
 }
 
-void AgentJob::FailGeneration(int64_t generation, const absl::Status& status) {
+void AgentJob::FailGeneration(int64_t generation, const absl::Status& status,
+                              bool only_waiting) {
   std::vector<uint64_t> ids;
   for (auto& [id, pending] : ops_) {
+    if (only_waiting && pending.data_plane != nullptr) continue;
     if (!pending.notified && pending.generation == generation) {
       ids.push_back(id);
     }

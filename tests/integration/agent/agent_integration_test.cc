@@ -92,6 +92,19 @@ TEST(AgentIntegrationTest, FifoModeGivesTheSameResults) {
   }
 }
 
+// Regression: a node whose trainers finished first used to fail its peers'
+// last operations, still completing on their side, when it left.
+TEST(AgentIntegrationTest, NodesFinishingFirstLetThePeersCompleteTheLastStep) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.Start(2).ok());
+  ASSERT_TRUE(cluster
+                  .StartTrainers("finish", {2, 2},
+                                 {"--scenario=loop", "--count=16",
+                                  "--steps=60"})
+                  .ok());
+  ExpectAllPass(cluster, cluster.WaitTrainers(absl::Minutes(1)));
+}
+
 // Fields of one launch trace line ("generation=1 seq=0 tensor=3 ...").
 int64_t Field(const std::string& line, const std::string& name) {
   for (absl::string_view part : absl::StrSplit(line, ' ')) {
