@@ -19,8 +19,15 @@ namespace {
 // the buffers in cache (where the arithmetic, not memory, is the limit):
 // AVX2 sums BFLOAT16 2.3x and float32 in place 1.8x faster than baseline,
 // and AVX-512 doubles BFLOAT16 again; from memory the gains are smaller.
+// ThreadSanitizer instruments the ifunc resolvers target_clones generates,
+// and the dynamic loader runs them before TSan is initialized (a crash at
+// start): TSan builds use the baseline kernels only.
+#if defined(__SANITIZE_THREAD__)
+#define BATON_REDUCE_KERNEL
+#else
 #define BATON_REDUCE_KERNEL \
   __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
 #define BATON_REDUCE_INLINE inline __attribute__((always_inline))
 
 // Sums of three or more sources go block by block through an accumulator of
