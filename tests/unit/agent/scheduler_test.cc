@@ -221,7 +221,9 @@ class DataPlaneTest : public ::testing::Test {
                                    int64_t step, int64_t elements,
                                    int64_t partition_bytes) {
     auto op = Op(tensor, priority, step, elements * 4, partition_bytes);
+    std::unique_lock<std::mutex> lock(buffers_mu_);  // nodes run in threads
     auto& buffers = buffers_[{rank, tensor}];
+    lock.unlock();
     buffers.first.resize(elements);
     buffers.second.assign(elements, -1.0f);
     for (int64_t i = 0; i < elements; ++i) {
@@ -232,6 +234,7 @@ class DataPlaneTest : public ::testing::Test {
     return op;
   }
   const std::vector<float>& Output(int rank, uint32_t tensor) {
+    std::lock_guard<std::mutex> lock(buffers_mu_);
     return buffers_[{rank, tensor}].second;
   }
 
@@ -240,6 +243,8 @@ class DataPlaneTest : public ::testing::Test {
   std::map<std::pair<int, uint32_t>,
            std::pair<std::vector<float>, std::vector<float>>>
       buffers_;
+  // Guards the map (not the buffers: each belongs to one node).
+  std::mutex buffers_mu_;
 };
 
 TEST_F(DataPlaneTest, RandomSubmissionOrderGivesOneLaunchOrderAndRightSums) {
