@@ -85,14 +85,12 @@ class TrainerReactor final
     if (closing_ && !finished_) FinishLocked();
   }
 
+  // No OnCancel: it may run while a read reaction is using job_, and OnDone,
+  // which always follows, reports the trainer gone.
   void OnDone() override {
     sink_->Detach();
     if (job_ && !detached_) job_->TrainerGone(sink_.get());
     delete this;
-  }
-
-  void OnCancel() override {
-    if (job_ && !detached_) job_->TrainerGone(sink_.get());
   }
 
  private:
