@@ -154,9 +154,8 @@ absl::Status JobManager::CheckJoinMatchesJob(const Job& job,
 absl::Status JobManager::Join(Session& session, uint64_t seq,
                               const v1::JoinJob& join) {
   BATON_RETURN_IF_ERROR(ValidateIdentifier("JoinJob.job", join.job()));
-  BATON_RETURN_IF_ERROR(
-      ValidateHostPort("JoinJob.data_address", join.data_address(),
-                       PortZero::kAllowed));
+  BATON_RETURN_IF_ERROR(ValidateHostPort(
+      "JoinJob.data_address", join.data_address(), PortZero::kAllowed));
   BATON_RETURN_IF_ERROR(
       ValidateLocalSize("JoinJob.local_size", join.local_size()));
   BATON_RETURN_IF_ERROR(ValidateSizing("JoinJob", join.expected_nodes(),

@@ -48,9 +48,8 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
         absl::StrCat("RejoinJob.membership.nodes[", i, "]");
     BATON_RETURN_IF_ERROR(
         ValidateIdentifier(what + ".node_name", node.node_name()));
-    BATON_RETURN_IF_ERROR(
-        ValidateHostPort(what + ".data_address", node.data_address(),
-                         PortZero::kAllowed));
+    BATON_RETURN_IF_ERROR(ValidateHostPort(
+        what + ".data_address", node.data_address(), PortZero::kAllowed));
     BATON_RETURN_IF_ERROR(
         ValidateLocalSize(what + ".local_size", node.local_size()));
     if (!names.insert(node.node_name()).second) {

@@ -19,7 +19,8 @@ class KeyValueStore {
   virtual ~KeyValueStore() = default;
 
   // Sets key to value (overwrites).
-  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  virtual absl::Status Set(const std::string& key,
+                           const std::string& value) = 0;
 
   // The values of `keys`, in order, waiting up to `timeout` for missing ones.
   // DEADLINE_EXCEEDED names the keys still missing; ABORTED when the scope

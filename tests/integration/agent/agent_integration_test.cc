@@ -42,6 +42,16 @@ void ExpectAllPass(LocalCluster& cluster,
   }
 }
 
+// Waits until `trainer` printed `text` (or ended, or 60 s passed).
+bool WaitForOutput(ChildProcess& trainer, const std::string& text) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    if (absl::StrContains(trainer.stdout_text(), text)) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
 // Every agent must have launched the same partitions in the same order.
 void ExpectSameLaunches(LocalCluster& cluster, const std::string& job,
                         int nodes) {
@@ -170,12 +180,7 @@ TEST(AgentIntegrationTest, KilledAgentFailsSurvivorsNamingTheLostNode) {
                       "kill", {1, 1, 1},
                       {"--scenario=loop", "--count=4194304", "--steps=100000"})
                   .ok());
-  // Wait until training runs.
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (!absl::StrContains(cluster.trainer(0).stdout_text(), "step 2 ok") &&
-         absl::Now() < deadline && cluster.trainer(0).running()) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  ASSERT_TRUE(WaitForOutput(cluster.trainer(0), "step 2 ok"));
   const absl::Time killed = absl::Now();
   cluster.agent(3).Kill();
   // Liveness bound: 6 s by default, plus the coordinator's tick.
@@ -190,16 +195,6 @@ TEST(AgentIntegrationTest, KilledAgentFailsSurvivorsNamingTheLostNode) {
     EXPECT_THAT(out, HasSubstr("FAILED")) << out;
     EXPECT_THAT(out, HasSubstr("node n3")) << out;
   }
-}
-
-// Waits until `trainer` printed `text` (or ended, or 60 s passed).
-bool WaitForOutput(ChildProcess& trainer, const std::string& text) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline) {
-    if (absl::StrContains(trainer.stdout_text(), text)) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return false;
 }
 
 TEST(AgentIntegrationTest, TrainingContinuesAcrossACoordinatorRestart) {

@@ -59,8 +59,7 @@ TEST(ValidateHostPortTest, RejectsMissingPartsAndBadPorts) {
 }
 
 TEST(ValidateHostPortTest, PortZeroOnlyWhereAllowed) {
-  EXPECT_TRUE(
-      ValidateHostPort("a", "10.0.0.1:0", PortZero::kAllowed).ok());
+  EXPECT_TRUE(ValidateHostPort("a", "10.0.0.1:0", PortZero::kAllowed).ok());
   absl::Status status = ValidateHostPort("a", "10.0.0.1:0");
   EXPECT_THAT(status.message(), HasSubstr("port outside 1..65535"));
   status = ValidateHostPort("a", "10.0.0.1:65536", PortZero::kAllowed);
