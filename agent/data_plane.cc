@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "agent/reduce.h"
 #include "glog/logging.h"
@@ -429,7 +430,7 @@ absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task) {
   } else {
     const size_t n = op.inputs.size();
     if (!(n == 1 && op.inputs[0] == op.output)) {
-      std::vector<const void*> srcs(n);
+      absl::InlinedVector<const void*, 8> srcs(n);
       for (size_t i = 0; i < n; ++i) srcs[i] = op.inputs[i] + task.offset;
       SumInto(op.dtype, out, srcs.data(), n, count);
     }
