@@ -429,6 +429,9 @@ void AgentJob::HandleTrainerGone(TrainerSink* sink) {
 void AgentJob::LeaveAndEnd(const absl::Status& status, bool finished) {
   if (state_ == State::kJoining || state_ == State::kRunning ||
       state_ == State::kReforming) {
+    // The last progress first, so the job's global step counts this node's
+    // final steps (a short job may end before its first periodic report).
+    if (finished) SendReport();
     v1::AgentMessage message;
     v1::LeaveJob* leave = message.mutable_leave();
     leave->set_job(name_);

@@ -9,9 +9,11 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "baton/client.h"
@@ -22,7 +24,9 @@
 DEFINE_int32(steps, 60, "SGD steps");
 DEFINE_int32(samples, 256, "samples in each rank's shard");
 DEFINE_double(learning_rate, 0.1, "SGD learning rate");
-DEFINE_string(coordinator, "", "coordinator address, for the final status");
+DEFINE_string(coordinator, "",
+              "coordinator address, for the final status (default: "
+              "BATON_COORDINATOR, which batonrun sets)");
 
 namespace baton {
 namespace {
@@ -55,16 +59,31 @@ const float* Result(const std::shared_ptr<Tensor>& t) {
 }
 
 void PrintStatus(const std::string& job) {
-  if (FLAGS_coordinator.empty()) return;
-  auto stub = v1::Status::NewStub(grpc::CreateChannel(
-      FLAGS_coordinator, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(5));
-  v1::GetJobRequest request;
-  request.set_job(job);
+  std::string address = FLAGS_coordinator;
+  if (address.empty() && std::getenv("BATON_COORDINATOR") != nullptr) {
+    address = std::getenv("BATON_COORDINATOR");
+  }
+  if (address.empty()) return;
+  auto stub = v1::Status::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  // Agents report every report_interval_ms (1 s by default): wait a little
+  // for the report of the last step.
   v1::JobStatus status;
-  if (!stub->GetJob(&context, request, &status).ok()) return;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (;;) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(2));
+    v1::GetJobRequest request;
+    request.set_job(job);
+    if (!stub->GetJob(&context, request, &status).ok()) return;
+    if (status.global_step() >= FLAGS_steps - 1 ||
+        std::chrono::steady_clock::now() > deadline) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   std::printf("\njob %s as the coordinator reports it: %s, generation %" PRId64
               ", world size %d, global step %" PRId64 "\n",
               status.job().c_str(), v1::JobState_Name(status.state()).c_str(),
