@@ -397,7 +397,6 @@ void AgentJob::HandleDetach(TrainerSink* sink,
   if (!request.finished()) {
     return HandleTrainerGone(sink);
   }
-  trainer.finished = true;
   trainer.detached = true;
   trainer.sink->Close(absl::OkStatus());
   const bool all = std::all_of(trainers_.begin(), trainers_.end(),

@@ -94,7 +94,6 @@ class AgentJob {
     int64_t pid = 0;
     int32_t declared = 0;
     bool detached = false;
-    bool finished = false;
     // Last step this rank finished of any tensor; -1 before the first.
     int64_t completed_step = -1;
     // The shared-memory fast path of its enqueues and completions.
@@ -222,8 +221,6 @@ class AgentJob {
   int32_t rank_offset_ = 0;
   std::optional<v1::TensorPlan> plan_;
   int64_t partition_bytes_ = 0;
-  // tensor id -> declaration index.
-  absl::flat_hash_map<uint32_t, int32_t> index_of_id_;
   // Operations by id, and each tensor's operation (at most one at a time).
   absl::flat_hash_map<uint64_t, PendingOp> ops_;
   std::vector<uint64_t> op_of_tensor_;

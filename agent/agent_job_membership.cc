@@ -197,12 +197,10 @@ void AgentJob::HandlePlan(const v1::TensorPlan& plan) {
   plan_ = plan;
   partition_bytes_ = plan.partition_bytes();
   for (const v1::TensorPlanEntry& entry : plan.tensors()) {
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      LocalTensor& tensor = *tensors_[i];
-      if (tensor.spec.name() != entry.spec().name()) continue;
-      tensor.tensor_id = entry.tensor_id();
-      tensor.priority = entry.priority();
-      index_of_id_[entry.tensor_id()] = static_cast<int32_t>(i);
+    for (auto& tensor : tensors_) {
+      if (tensor->spec.name() != entry.spec().name()) continue;
+      tensor->tensor_id = entry.tensor_id();
+      tensor->priority = entry.priority();
     }
   }
   // Ids are dense from 0; the data plane negotiates over the ids every
