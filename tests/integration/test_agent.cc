@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 
 namespace baton {
 
@@ -305,6 +306,29 @@ void TestAgent::JoinThreads() {
   StopHeartbeats();
   // The reader ends with the stream; a cancelled call ends promptly.
   if (reader_.joinable()) reader_.join();
+}
+
+std::unique_ptr<TestAgent> TestAgent::Connected(const std::string& address,
+                                                const std::string& node_name,
+                                                const std::string& instance) {
+  auto agent = std::make_unique<TestAgent>();
+  const absl::Status connected = agent->Connect(
+      address, node_name, instance.empty() ? "i-" + node_name : instance);
+  EXPECT_TRUE(connected.ok()) << connected;
+  agent->StartHeartbeats(absl::Milliseconds(200));
+  return agent;
+}
+
+v1::Membership TestAgent::AwaitMembership(int64_t generation,
+                                          absl::Duration timeout) {
+  auto message = WaitFor(
+      [&](const v1::CoordinatorMessage& m) {
+        return m.has_membership() && m.membership().generation() == generation;
+      },
+      timeout);
+  EXPECT_TRUE(message.has_value())
+      << node_name() << ": no membership of generation " << generation;
+  return message ? message->membership() : v1::Membership();
 }
 
 }  // namespace baton

@@ -41,6 +41,12 @@ class TestAgent {
                        const std::string& instance = "test-instance",
                        absl::Duration timeout = absl::Seconds(10));
 
+  // A connected agent sending heartbeats every 200 ms (instance "i-<node>"
+  // unless given); a failed connect fails the current test.
+  static std::unique_ptr<TestAgent> Connected(const std::string& address,
+                                              const std::string& node_name,
+                                              const std::string& instance = "");
+
   // Sends `message` with the next seq, which it returns; 0 when the stream
   // is no longer writable.
   uint64_t Send(v1::AgentMessage message);
@@ -72,6 +78,11 @@ class TestAgent {
   // WaitFor the reply (any body) to request `seq`.
   std::optional<v1::CoordinatorMessage> WaitForReply(
       uint64_t seq, absl::Duration timeout = absl::Seconds(10));
+
+  // WaitFor the membership of `generation`; an empty one (and a test
+  // failure) when it does not come.
+  v1::Membership AwaitMembership(int64_t generation = 1,
+                                 absl::Duration timeout = absl::Seconds(10));
 
   // Messages received and not yet consumed by a wait, oldest first.
   std::vector<v1::CoordinatorMessage> Received() const;

@@ -53,23 +53,7 @@ class RendezvousClientTest : public ::testing::Test {
   }
 
   std::unique_ptr<TestAgent> Agent(const std::string& node) {
-    auto agent = std::make_unique<TestAgent>();
-    const absl::Status connected =
-        agent->Connect(coordinator_.address(), node, "i-" + node);
-    EXPECT_TRUE(connected.ok()) << connected;
-    agent->StartHeartbeats(absl::Milliseconds(200));
-    return agent;
-  }
-
-  v1::Membership AwaitMembership(TestAgent& agent, int64_t generation = 1) {
-    auto message = agent.WaitFor(
-        [&](const v1::CoordinatorMessage& m) {
-          return m.has_membership() &&
-                 m.membership().generation() == generation;
-        },
-        absl::Seconds(10));
-    EXPECT_TRUE(message.has_value()) << agent.node_name();
-    return message ? message->membership() : v1::Membership();
+    return TestAgent::Connected(coordinator_.address(), node);
   }
 
   // Agents n0..n<nodes-1> (one trainer each, joining in that order) form job
@@ -87,7 +71,7 @@ class RendezvousClientTest : public ::testing::Test {
       EXPECT_TRUE(formed.agents.back()->WaitForReply(seq).has_value());
     }
     for (auto& agent : formed.agents) {
-      formed.membership = AwaitMembership(*agent);
+      formed.membership = agent->AwaitMembership();
     }
     return formed;
   }
@@ -221,7 +205,7 @@ TEST_F(RendezvousClientTest, StaleGenerationIsAborted) {
               HasSubstr("connecting communicator c0 of 2 nodes"));
 
   // min_nodes=1: generation 2 is sealed with the survivor.
-  const v1::Membership next = AwaitMembership(*job.agents[0], 2);
+  const v1::Membership next = job.agents[0]->AwaitMembership(2);
   EXPECT_EQ(next.generation(), 2);
   const absl::Status set = stale->Set("k", "v");
   EXPECT_EQ(set.code(), absl::StatusCode::kAborted) << set;

@@ -65,13 +65,7 @@ class CoordinatorScenariosTest : public ::testing::Test {
 
   std::unique_ptr<TestAgent> Agent(const std::string& node,
                                    const std::string& instance = "") {
-    auto agent = std::make_unique<TestAgent>();
-    const absl::Status connected =
-        agent->Connect(coordinator_.address(), node,
-                       instance.empty() ? "i-" + node : instance);
-    EXPECT_TRUE(connected.ok()) << connected;
-    agent->StartHeartbeats(absl::Milliseconds(200));
-    return agent;
+    return TestAgent::Connected(coordinator_.address(), node, instance);
   }
 
   // Joins and waits for the answer, so that joins from different agents
@@ -107,20 +101,8 @@ class CoordinatorScenariosTest : public ::testing::Test {
                   nodes, min_nodes, partition_bytes);
     }
     for (auto& agent : formed.agents)
-      formed.membership = AwaitMembership(*agent);
+      formed.membership = agent->AwaitMembership();
     return formed;
-  }
-
-  // Waits for the membership of `generation` on `agent`.
-  v1::Membership AwaitMembership(TestAgent& agent, int64_t generation = 1) {
-    auto message = agent.WaitFor(
-        [&](const v1::CoordinatorMessage& m) {
-          return m.has_membership() &&
-                 m.membership().generation() == generation;
-        },
-        absl::Seconds(10));
-    EXPECT_TRUE(message.has_value()) << agent.node_name();
-    return message ? message->membership() : v1::Membership();
   }
 
   v1::Error AwaitError(TestAgent& agent) {
@@ -193,9 +175,9 @@ TEST_F(CoordinatorScenariosTest, SealsWithHeterogeneousTrainerCounts) {
   JoinInOrder(*a, "job", "10.0.0.1:7000", 4, 3);
   JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 3);
   JoinInOrder(*c, "job", "10.0.0.3:7000", 2, 3);
-  const v1::Membership m = AwaitMembership(*a);
-  EXPECT_EQ(AwaitMembership(*b).SerializeAsString(), m.SerializeAsString());
-  EXPECT_EQ(AwaitMembership(*c).SerializeAsString(), m.SerializeAsString());
+  const v1::Membership m = a->AwaitMembership();
+  EXPECT_EQ(b->AwaitMembership().SerializeAsString(), m.SerializeAsString());
+  EXPECT_EQ(c->AwaitMembership().SerializeAsString(), m.SerializeAsString());
   EXPECT_EQ(m.world_size(), 7);
   ASSERT_EQ(m.nodes_size(), 3);
   EXPECT_EQ(m.nodes(1).node_name(), "n1");
@@ -277,7 +259,7 @@ TEST_F(CoordinatorScenariosTest,
   JoinInOrder(*b, "job", "10.0.0.2:7000", 1, 3);
   JoinInOrder(*silent, "job", "10.0.0.3:7000", 1, 3);
   const absl::Time last_word = absl::Now();
-  AwaitMembership(*a);
+  a->AwaitMembership();
   auto notice = a->WaitForBody(v1::CoordinatorMessage::kGenerationAborted,
                                kLiveness + kTick + kSlack);
   const absl::Duration detected_after = absl::Now() - last_word;
@@ -308,7 +290,7 @@ TEST_F(CoordinatorScenariosTest, CrashedAgentIsLostAtOnce) {
   EXPECT_THAT(notice->generation_aborted().reason(),
               HasSubstr("lost its session"));
   // min_nodes=1: re-sealed at once with the survivor.
-  const v1::Membership m = AwaitMembership(*a, 2);
+  const v1::Membership m = a->AwaitMembership(2);
   EXPECT_EQ(m.world_size(), 1);
 }
 
@@ -433,8 +415,8 @@ TEST_F(CoordinatorScenariosTest, TwoJobsRunInParallelIsolated) {
   JoinInOrder(*c, "beta", "10.0.0.3:7000", 1, 2);
   JoinInOrder(*b, "alpha", "10.0.0.2:7000", 1, 2);
   JoinInOrder(*d, "beta", "10.0.0.4:7000", 1, 2);
-  EXPECT_EQ(AwaitMembership(*a).nodes(1).node_name(), "n1");
-  EXPECT_EQ(AwaitMembership(*c).nodes(1).node_name(), "n3");
+  EXPECT_EQ(a->AwaitMembership().nodes(1).node_name(), "n1");
+  EXPECT_EQ(c->AwaitMembership().nodes(1).node_name(), "n3");
   b->Abort();
   ASSERT_TRUE(a->WaitForBody(v1::CoordinatorMessage::kGenerationAborted));
   EXPECT_EQ(GetJob("alpha").state(), v1::JOB_STATE_REFORMING);
