@@ -116,7 +116,8 @@ class AgentJob {
     std::chrono::steady_clock::time_point ready;
     std::vector<Enqueued> ranks;
     // Built once every local rank enqueued.
-    std::shared_ptr<const Operation> op;
+    // Completed with the plan's fields when submitted; not changed after.
+    std::shared_ptr<Operation> op;
     // Submitted to this data plane (nullptr: waiting for one).
     DataPlane* data_plane = nullptr;
     // The trainers were told it failed while a data plane still held it: the

@@ -201,8 +201,9 @@ void AgentJob::TrySubmit(PendingOp& pending) {
   const LocalTensor& tensor = *tensors_[pending.index];
   if (tensor.tensor_id < 0 || !membership_) return;
   if (lease_of_tensor_[pending.index] != 0) return;
-  // Fill in what depends on the plan and the generation.
-  auto op = std::make_shared<Operation>(*pending.op);
+  // Fill in what depends on the plan and the generation (in place: nothing
+  // else holds the operation before it is submitted).
+  Operation* op = pending.op.get();
   op->tensor_id = static_cast<uint32_t>(tensor.tensor_id);
   op->priority = tensor.priority;
   op->partition_bytes = mode_ == SchedulingMode::kFifo ? 0 : partition_bytes_;
@@ -223,10 +224,9 @@ void AgentJob::TrySubmit(PendingOp& pending) {
     op->root_local =
         op->root_node == node_rank_ ? op->root_rank - rank_offset_ : -1;
   }
-  pending.op = op;
   pending.generation = membership_->generation();
   pending.data_plane = data_plane_.get();
-  data_plane_->Submit(std::move(op));
+  data_plane_->Submit(pending.op);
 }
 
 void AgentJob::SubmitWaiting() {
