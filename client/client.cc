@@ -35,6 +35,12 @@ std::string StringFromEnv(const char* name, const std::string& fallback) {
   return value == nullptr || *value == '\0' ? fallback : value;
 }
 
+absl::Status SessionClosed() {
+  return absl::UnavailableError(
+      "the session with the baton agent is closed (the agent stopped, or "
+      "ended this trainer's session: its log says why); restart the trainer");
+}
+
 }  // namespace
 
 absl::StatusOr<ClientOptions> ClientOptions::FromEnvironment() {
@@ -258,7 +264,7 @@ class Client::Impl {
 
   absl::StatusOr<v1::TrainerEvent> Call(v1::TrainerRequest& request) {
     if (!Write(request)) {
-      return absl::UnavailableError("the agent session is closed");
+      return SessionClosed();
     }
     const uint64_t seq = request.seq();
     std::unique_lock<std::mutex> lock(mu_);
@@ -309,7 +315,7 @@ class Client::Impl {
     if (!Write(request)) {
       std::lock_guard<std::mutex> lock(mu_);
       handles_.erase({tensor.index(), step});
-      return absl::UnavailableError("the agent session is closed");
+      return SessionClosed();
     }
     return handle;
   }
@@ -433,7 +439,7 @@ absl::Status Client::Detach(bool finished) {
   v1::TrainerRequest request;
   request.mutable_detach()->set_finished(finished);
   if (!impl_->Write(request)) {
-    return absl::UnavailableError("the agent session is closed");
+    return SessionClosed();
   }
   std::lock_guard<std::mutex> write_lock(impl_->write_mu_);
   impl_->stream_->WritesDone();
