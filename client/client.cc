@@ -435,14 +435,23 @@ absl::StatusOr<int64_t> Client::WaitForGeneration(
                    after, " within ", timeout.count(), " ms"));
 }
 
-absl::Status Client::Detach(bool finished) {
+absl::Status Client::Detach(bool finished, std::chrono::milliseconds timeout) {
   v1::TrainerRequest request;
   request.mutable_detach()->set_finished(finished);
   if (!impl_->Write(request)) {
     return SessionClosed();
   }
-  std::lock_guard<std::mutex> write_lock(impl_->write_mu_);
-  impl_->stream_->WritesDone();
+  {
+    std::lock_guard<std::mutex> write_lock(impl_->write_mu_);
+    impl_->stream_->WritesDone();
+  }
+  std::unique_lock<std::mutex> lock(impl_->mu_);
+  if (!impl_->cv_.wait_for(lock, timeout,
+                           [this] { return !impl_->stream_status_.ok(); })) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the baton agent did not close the session within ", timeout.count(),
+        " ms of the detach; it may not have received it (its log says)"));
+  }
   return absl::OkStatus();
 }
 

@@ -143,8 +143,11 @@ class Client {
   absl::StatusOr<int64_t> WaitForGeneration(int64_t after,
                                             std::chrono::milliseconds timeout);
 
-  // Leaves the job; finished = training is done here.
-  absl::Status Detach(bool finished);
+  // Leaves the job (finished = training is done here) and waits up to
+  // `timeout` for the agent to close the session, so the detach is known to
+  // have arrived. Pending handles then fail with the closed session's error.
+  absl::Status Detach(bool finished, std::chrono::milliseconds timeout =
+                                         std::chrono::seconds(10));
 
   class Impl;
 

@@ -1,0 +1,138 @@
+#pragma once
+
+// The trainer-facing API: named tensors in the user's own memory, Horovod /
+// BytePS style. A Session sits on a Client (client.h): it declares a tensor
+// the first time its name is used, copies the user's bytes into the tensor's
+// shared-memory input, counts steps per tensor, and copies the result back
+// into the user's buffer when the operation is synchronized.
+//
+//   auto session = baton::Session::Init();          // from the environment
+//   baton::Buffer grad{data, baton::v1::DATA_TYPE_FLOAT32, {1024}};
+//   auto handle = (*session)->PushPullAsync("Gradient.w", grad, true);
+//   ... // overlap other work
+//   absl::Status s = (*session)->Synchronize(*handle);  // grad holds the mean
+//   (*session)->Shutdown();
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "baton/client.h"
+#include "baton/v1/common.pb.h"
+
+namespace baton {
+
+// Host memory owned by the caller: `shape`'s elements of `dtype`, dense,
+// starting at `data`. It must stay valid until the operation using it is
+// synchronized.
+struct Buffer {
+  void* data = nullptr;
+  v1::DataType dtype = v1::DATA_TYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;
+};
+
+// Bytes of one element of `dtype`; 0 for DATA_TYPE_UNSPECIFIED or unknown.
+int64_t ElementSize(v1::DataType dtype);
+
+// An asynchronous push-pull or broadcast started by a Session. Poll and
+// Synchronize it through the Session that started it.
+class Operation;
+using OperationHandle = std::shared_ptr<Operation>;
+
+// One trainer's session with baton. Thread-safe: the training thread may
+// enqueue while another thread synchronizes.
+//
+// Tensor names are unique within a job and bind a name to one dtype, shape
+// and collective (push-pull or broadcast) for the job's lifetime. Every rank
+// must start the operations on a name in the same order; a name has at most
+// one operation in flight per trainer (synchronize it before starting the
+// next).
+class Session {
+ public:
+  // Attaches to this node's agent and waits until the job is formed.
+  static absl::StatusOr<std::unique_ptr<Session>> Init(
+      const ClientOptions& options);
+  // Options from the environment (ClientOptions::FromEnvironment). RANK and
+  // WORLD_SIZE, when a launcher sets them, are checked against what the
+  // job assigns.
+  static absl::StatusOr<std::unique_ptr<Session>> Init();
+
+  // Shuts down with a short drain (Shutdown(std::chrono::seconds(10))) if
+  // Shutdown was not called.
+  ~Session();
+
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  int32_t rank() const;
+  int32_t size() const;
+  int32_t local_rank() const;
+  int32_t local_size() const;
+
+  // Declares tensors ahead of use (one round trip for all of them; the
+  // declaration order is the default priority: first declared = most
+  // urgent). Declaring a name again with the same spec is a no-op; with a
+  // different one, INVALID_ARGUMENT.
+  absl::Status DeclareTensors(const std::vector<v1::TensorSpec>& specs);
+  absl::Status DeclareTensor(const std::string& name, v1::DataType dtype,
+                             const std::vector<int64_t>& shape,
+                             v1::CollectiveOp op);
+
+  // Sum (average = false) or mean of `buffer` over every rank, written back
+  // into `buffer` by Synchronize. Declares `name` as a push-pull tensor on
+  // first use.
+  absl::StatusOr<OperationHandle> PushPullAsync(const std::string& name,
+                                                const Buffer& buffer,
+                                                bool average);
+  // `root_rank`'s `buffer`, written into every rank's `buffer` by
+  // Synchronize. Declares `name` as a broadcast tensor on first use.
+  absl::StatusOr<OperationHandle> BroadcastAsync(const std::string& name,
+                                                 const Buffer& buffer,
+                                                 int32_t root_rank);
+
+  // True once the operation finished, either way.
+  bool Poll(const OperationHandle& handle) const;
+  // Waits for the operation and, when it succeeded, copies the result into
+  // its buffer. DEADLINE_EXCEEDED when `timeout` passes first (the operation
+  // stays in flight; synchronize it again later). A failed operation returns
+  // the error that names its cause: ABORTED when the job's generation
+  // changed (a node was lost), UNAVAILABLE when the agent is gone. Calling
+  // it again returns the same status and copies nothing.
+  absl::Status Synchronize(
+      const OperationHandle& handle,
+      std::chrono::milliseconds timeout = std::chrono::hours(24));
+
+  // PushPullAsync + Synchronize.
+  absl::Status PushPull(const std::string& name, const Buffer& buffer,
+                        bool average);
+  // BroadcastAsync + Synchronize.
+  absl::Status Broadcast(const std::string& name, const Buffer& buffer,
+                         int32_t root_rank);
+  // Broadcasts each buffer from `root_rank`, all in flight together, in the
+  // given order, as tensors named "Parameter.<name>". Afterwards every rank
+  // holds the root's bytes.
+  absl::Status BroadcastParameters(
+      const std::vector<std::pair<std::string, Buffer>>& params,
+      int32_t root_rank);
+
+  // Waits up to `drain_timeout` for every operation in flight, then leaves
+  // the job as finished and closes the session. Operations still in flight
+  // at the deadline fail with ABORTED, and so does the returned status
+  // (naming how many). Later calls return FAILED_PRECONDITION; rank() and
+  // size() stay readable.
+  absl::Status Shutdown(
+      std::chrono::milliseconds drain_timeout = std::chrono::seconds(60));
+
+  class Impl;
+
+ private:
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace baton

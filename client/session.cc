@@ -1,0 +1,448 @@
+#include "baton/session.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace baton {
+
+int64_t ElementSize(v1::DataType dtype) {
+  switch (dtype) {
+    case v1::DATA_TYPE_FLOAT64:
+    case v1::DATA_TYPE_INT64:
+      return 8;
+    case v1::DATA_TYPE_FLOAT32:
+    case v1::DATA_TYPE_INT32:
+      return 4;
+    case v1::DATA_TYPE_FLOAT16:
+    case v1::DATA_TYPE_BFLOAT16:
+      return 2;
+    case v1::DATA_TYPE_UINT8:
+    case v1::DATA_TYPE_INT8:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+// One started operation: the client's handle plus what Synchronize needs to
+// deliver the result into the user's buffer exactly once.
+class Operation {
+ public:
+  Operation(std::string name, std::shared_ptr<Handle> handle,
+            std::shared_ptr<Tensor> tensor, void* destination)
+      : name(std::move(name)),
+        handle(std::move(handle)),
+        tensor(std::move(tensor)),
+        destination(destination) {}
+
+  const std::string name;
+  const std::shared_ptr<Handle> handle;
+  const std::shared_ptr<Tensor> tensor;
+  // Where the result goes; nullptr when there is nothing to copy (the
+  // broadcast root already holds the result).
+  void* const destination;
+
+  std::mutex mu;
+  bool delivered = false;
+  absl::Status outcome;
+};
+
+namespace {
+
+std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+}
+
+std::string SpecText(const v1::TensorSpec& spec) {
+  return absl::StrCat(v1::DataType_Name(spec.dtype()), ShapeText(spec.shape()),
+                      " ", v1::CollectiveOp_Name(spec.op()));
+}
+
+bool SameSpec(const v1::TensorSpec& a, const v1::TensorSpec& b) {
+  return a.dtype() == b.dtype() && a.op() == b.op() &&
+         std::equal(a.shape().begin(), a.shape().end(), b.shape().begin(),
+                    b.shape().end());
+}
+
+// Checks a launcher's RANK / WORLD_SIZE against what the job assigned.
+absl::Status CheckLauncherVariable(const char* variable, int64_t assigned) {
+  const char* value = std::getenv(variable);
+  if (value == nullptr || *value == '\0') return absl::OkStatus();
+  int64_t parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed)) {
+    return absl::InvalidArgumentError(absl::StrCat("environment variable ",
+                                                   variable, "=\"", value,
+                                                   "\" is not an integer"));
+  }
+  if (parsed != assigned) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the launcher set ", variable, "=", parsed, " but the job assigned ",
+        assigned, ": start trainers so that LOCAL_RANK, LOCAL_WORLD_SIZE and ",
+        "the nodes' join order give the launcher's ranks, or unset ",
+        variable));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+class Session::Impl {
+ public:
+  explicit Impl(std::unique_ptr<Client> client) : client_(std::move(client)) {}
+
+  absl::Status Declare(const std::vector<v1::TensorSpec>& specs) {
+    // One declaration at a time: the agent numbers tensors in request order.
+    std::lock_guard<std::mutex> declare_lock(declare_mu_);
+    std::vector<v1::TensorSpec> fresh;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return Closed();
+      for (const v1::TensorSpec& spec : specs) {
+        auto it = tensors_.find(spec.name());
+        const v1::TensorSpec* known =
+            it != tensors_.end() ? &it->second->spec() : nullptr;
+        for (const v1::TensorSpec& f : fresh) {
+          if (f.name() == spec.name()) known = &f;
+        }
+        if (known == nullptr) {
+          fresh.push_back(spec);
+        } else if (!SameSpec(*known, spec)) {
+          return Mismatch(spec.name(), *known, spec);
+        }
+      }
+    }
+    if (fresh.empty()) return absl::OkStatus();
+    absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> declared =
+        client_->Declare(fresh);
+    if (!declared.ok()) return declared.status();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::shared_ptr<Tensor>& tensor : *declared) {
+      const std::string name = tensor->spec().name();
+      tensors_.emplace(name, std::move(tensor));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<OperationHandle> Start(const std::string& name,
+                                        const Buffer& buffer,
+                                        v1::CollectiveOp op, bool average,
+                                        int32_t root_rank) {
+    v1::TensorSpec spec;
+    spec.set_name(name);
+    spec.set_dtype(buffer.dtype);
+    spec.set_op(op);
+    for (int64_t d : buffer.shape) spec.add_shape(d);
+    const int64_t element = ElementSize(buffer.dtype);
+    if (element == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", name, "\": unsupported dtype ",
+                       v1::DataType_Name(buffer.dtype),
+                       "; use float32/64, float16, bfloat16, int32/64, "
+                       "uint8 or int8"));
+    }
+    int64_t elements = 1;
+    for (int64_t d : buffer.shape) {
+      if (d < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", name, "\": shape ",
+                         ShapeText(spec.shape()), " has a negative dimension"));
+      }
+      elements *= d;
+    }
+    if (buffer.data == nullptr && elements > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", name, "\": the buffer's data is null"));
+    }
+    if (op == v1::COLLECTIVE_OP_BROADCAST &&
+        (root_rank < 0 || root_rank >= client_->size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast of \"", name, "\": root rank ", root_rank,
+                       " is outside the job's ranks 0..", client_->size() - 1));
+    }
+
+    std::shared_ptr<Tensor> tensor;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return Closed();
+      auto pending = in_flight_.find(name);
+      if (pending != in_flight_.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tensor \"", name, "\" already has an operation in flight (step ",
+            pending->second->handle->step(),
+            "): synchronize it before starting the next one"));
+      }
+      auto it = tensors_.find(name);
+      if (it != tensors_.end()) tensor = it->second;
+    }
+    if (tensor == nullptr) {
+      if (absl::Status s = Declare({spec}); !s.ok()) return s;
+      std::lock_guard<std::mutex> lock(mu_);
+      tensor = tensors_.at(name);
+    }
+    if (!SameSpec(tensor->spec(), spec)) {
+      return Mismatch(name, tensor->spec(), spec);
+    }
+
+    const bool is_root =
+        op == v1::COLLECTIVE_OP_BROADCAST && client_->rank() == root_rank;
+    if (op == v1::COLLECTIVE_OP_PUSH_PULL || is_root) {
+      std::memcpy(tensor->input(), buffer.data,
+                  static_cast<size_t>(tensor->size_bytes()));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return Closed();
+    if (in_flight_.count(name) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor \"", name,
+          "\" was started from two threads at once; start each name from "
+          "one thread"));
+    }
+    int64_t& step = next_step_[name];
+    absl::StatusOr<std::shared_ptr<Handle>> handle =
+        op == v1::COLLECTIVE_OP_PUSH_PULL
+            ? client_->PushPullAsync(*tensor, step, average)
+            : client_->BroadcastAsync(*tensor, step, root_rank);
+    if (!handle.ok()) return handle.status();
+    ++step;
+    auto operation = std::make_shared<Operation>(
+        name, std::move(*handle), tensor, is_root ? nullptr : buffer.data);
+    in_flight_.emplace(name, operation);
+    return operation;
+  }
+
+  absl::Status Synchronize(const OperationHandle& operation,
+                           std::chrono::milliseconds timeout) {
+    if (operation == nullptr) {
+      return absl::InvalidArgumentError("Synchronize: the handle is null");
+    }
+    absl::Status status = operation->handle->Wait(timeout);
+    if (absl::IsDeadlineExceeded(status) && !operation->handle->Poll()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("tensor \"", operation->name, "\" step ",
+                       operation->handle->step(), " did not complete within ",
+                       timeout.count(), " ms; it is still in flight"));
+    }
+    std::lock_guard<std::mutex> op_lock(operation->mu);
+    if (operation->delivered) return operation->outcome;
+    if (status.ok() && operation->destination != nullptr) {
+      std::memcpy(operation->destination, operation->tensor->output(),
+                  static_cast<size_t>(operation->tensor->size_bytes()));
+    }
+    operation->delivered = true;
+    operation->outcome = status;
+    Retire(operation);
+    return status;
+  }
+
+  absl::Status Shutdown(std::chrono::milliseconds drain_timeout) {
+    std::vector<OperationHandle> pending;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return Closed();
+      closed_ = true;
+      for (auto& [name, operation] : in_flight_) pending.push_back(operation);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + drain_timeout;
+    int unfinished = 0;
+    std::string first_unfinished;
+    for (const OperationHandle& operation : pending) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (operation->handle->Wait(std::max(left, std::chrono::milliseconds(0)))
+              .ok() ||
+          operation->handle->Poll()) {
+        continue;
+      }
+      if (unfinished++ == 0) {
+        first_unfinished = absl::StrCat("\"", operation->name, "\" step ",
+                                        operation->handle->step());
+      }
+    }
+    absl::Status status;
+    if (unfinished > 0) {
+      status = absl::AbortedError(absl::StrCat(
+          "shut down with ", unfinished, " operation(s) still in flight after ",
+          drain_timeout.count(), " ms (first: tensor ", first_unfinished,
+          "); they were abandoned and their buffers keep their input"));
+      for (const OperationHandle& operation : pending) {
+        operation->handle->Finish(status, 0);
+      }
+    }
+    // A trainer that leaves with work unfinished is not done: the job sees a
+    // failure instead of a clean finish.
+    absl::Status detached = client_->Detach(/*finished=*/unfinished == 0);
+    if (!status.ok()) return status;
+    return detached;
+  }
+
+  bool closed() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return closed_;
+  }
+
+  // Lives as long as the session, so rank() and size() stay readable
+  // after Shutdown.
+  const std::unique_ptr<Client> client_;
+
+ private:
+  static absl::Status Closed() {
+    return absl::FailedPreconditionError(
+        "the baton session is shut down; call Init again to start a new one");
+  }
+
+  static absl::Status Mismatch(const std::string& name,
+                               const v1::TensorSpec& declared,
+                               const v1::TensorSpec& used) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor \"", name, "\" was declared as ", SpecText(declared),
+        " but is used as ", SpecText(used),
+        "; a name keeps its dtype, shape and collective for the whole job: "
+        "use another name"));
+  }
+
+  void Retire(const OperationHandle& operation) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = in_flight_.find(operation->name);
+    if (it != in_flight_.end() && it->second == operation) in_flight_.erase(it);
+  }
+
+  std::mutex declare_mu_;
+  mutable std::mutex mu_;
+  bool closed_ = false;
+  std::map<std::string, std::shared_ptr<Tensor>> tensors_;
+  std::map<std::string, int64_t> next_step_;
+  std::map<std::string, OperationHandle> in_flight_;
+};
+
+Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Session::~Session() {
+  if (!impl_->closed()) {
+    impl_->Shutdown(std::chrono::seconds(10)).IgnoreError();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Init(
+    const ClientOptions& options) {
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<Session>(
+      new Session(std::make_unique<Impl>(std::move(*client))));
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Init() {
+  absl::StatusOr<ClientOptions> options = ClientOptions::FromEnvironment();
+  if (!options.ok()) return options.status();
+  absl::StatusOr<std::unique_ptr<Session>> session = Init(*options);
+  if (!session.ok()) return session;
+  absl::Status status = CheckLauncherVariable("RANK", (*session)->rank());
+  if (status.ok()) {
+    status = CheckLauncherVariable("WORLD_SIZE", (*session)->size());
+  }
+  if (!status.ok()) {
+    (*session)->Shutdown(std::chrono::seconds(0)).IgnoreError();
+    return status;
+  }
+  return session;
+}
+
+int32_t Session::rank() const { return impl_->client_->rank(); }
+int32_t Session::size() const { return impl_->client_->size(); }
+int32_t Session::local_rank() const { return impl_->client_->local_rank(); }
+int32_t Session::local_size() const { return impl_->client_->local_size(); }
+
+absl::Status Session::DeclareTensors(const std::vector<v1::TensorSpec>& specs) {
+  return impl_->Declare(specs);
+}
+
+absl::Status Session::DeclareTensor(const std::string& name, v1::DataType dtype,
+                                    const std::vector<int64_t>& shape,
+                                    v1::CollectiveOp op) {
+  v1::TensorSpec spec;
+  spec.set_name(name);
+  spec.set_dtype(dtype);
+  spec.set_op(op);
+  for (int64_t d : shape) spec.add_shape(d);
+  return impl_->Declare({spec});
+}
+
+absl::StatusOr<OperationHandle> Session::PushPullAsync(const std::string& name,
+                                                       const Buffer& buffer,
+                                                       bool average) {
+  return impl_->Start(name, buffer, v1::COLLECTIVE_OP_PUSH_PULL, average, 0);
+}
+
+absl::StatusOr<OperationHandle> Session::BroadcastAsync(const std::string& name,
+                                                        const Buffer& buffer,
+                                                        int32_t root_rank) {
+  return impl_->Start(name, buffer, v1::COLLECTIVE_OP_BROADCAST, false,
+                      root_rank);
+}
+
+bool Session::Poll(const OperationHandle& handle) const {
+  return handle != nullptr && handle->handle->Poll();
+}
+
+absl::Status Session::Synchronize(const OperationHandle& handle,
+                                  std::chrono::milliseconds timeout) {
+  return impl_->Synchronize(handle, timeout);
+}
+
+absl::Status Session::PushPull(const std::string& name, const Buffer& buffer,
+                               bool average) {
+  absl::StatusOr<OperationHandle> handle = PushPullAsync(name, buffer, average);
+  if (!handle.ok()) return handle.status();
+  return Synchronize(*handle);
+}
+
+absl::Status Session::Broadcast(const std::string& name, const Buffer& buffer,
+                                int32_t root_rank) {
+  absl::StatusOr<OperationHandle> handle =
+      BroadcastAsync(name, buffer, root_rank);
+  if (!handle.ok()) return handle.status();
+  return Synchronize(*handle);
+}
+
+absl::Status Session::BroadcastParameters(
+    const std::vector<std::pair<std::string, Buffer>>& params,
+    int32_t root_rank) {
+  std::vector<v1::TensorSpec> specs;
+  for (const auto& [name, buffer] : params) {
+    v1::TensorSpec& spec = specs.emplace_back();
+    spec.set_name(absl::StrCat("Parameter.", name));
+    spec.set_dtype(buffer.dtype);
+    spec.set_op(v1::COLLECTIVE_OP_BROADCAST);
+    for (int64_t d : buffer.shape) spec.add_shape(d);
+  }
+  if (absl::Status s = impl_->Declare(specs); !s.ok()) return s;
+  std::vector<OperationHandle> handles;
+  absl::Status first_error;
+  for (size_t i = 0; i < params.size(); ++i) {
+    absl::StatusOr<OperationHandle> handle =
+        BroadcastAsync(specs[i].name(), params[i].second, root_rank);
+    if (!handle.ok()) {
+      first_error = handle.status();
+      break;
+    }
+    handles.push_back(std::move(*handle));
+  }
+  // Everything started is synchronized, even after an error, so no buffer
+  // is written behind the caller's back.
+  for (const OperationHandle& handle : handles) {
+    absl::Status s = Synchronize(handle);
+    if (first_error.ok()) first_error = s;
+  }
+  return first_error;
+}
+
+absl::Status Session::Shutdown(std::chrono::milliseconds drain_timeout) {
+  return impl_->Shutdown(drain_timeout);
+}
+
+}  // namespace baton
