@@ -35,10 +35,22 @@ std::string StringFromEnv(const char* name, const std::string& fallback) {
   return value == nullptr || *value == '\0' ? fallback : value;
 }
 
-absl::Status SessionClosed() {
+// In both: `why` is gRPC's words, when it gave any.
+absl::Status SessionClosed(const std::string& socket,
+                           const std::string& why = "") {
+  return absl::UnavailableError(absl::StrCat(
+      "the session with the baton agent on ", socket, " is closed",
+      why.empty() ? "" : absl::StrCat(" (", why, ")"),
+      ": the agent stopped, or ended this trainer's session (its log says "
+      "why); restart the trainer"));
+}
+
+absl::Status AgentUnreachable(const std::string& socket,
+                              const std::string& why) {
   return absl::UnavailableError(
-      "the session with the baton agent is closed (the agent stopped, or "
-      "ended this trainer's session: its log says why); restart the trainer");
+      absl::StrCat("cannot reach the baton agent on ", socket,
+                   why.empty() ? "" : absl::StrCat(" (", why, ")"),
+                   ": is baton-agent running there (BATON_AGENT_SOCKET)?"));
 }
 
 }  // namespace
@@ -108,6 +120,7 @@ class Client::Impl {
  public:
   absl::Status Start(const ClientOptions& options) {
     shm_channel_wanted_ = options.shm_channel;
+    socket_ = options.socket;
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(16 << 20);
     channel_ = grpc::CreateCustomChannel(
@@ -124,11 +137,7 @@ class Client::Impl {
     attach->set_partition_bytes(options.partition_bytes);
     attach->set_scheduling(options.scheduling);
     attach->set_pid(getpid());
-    if (!Write(request)) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot reach the baton agent on ", options.socket,
-                       ": is baton-agent running there (BATON_AGENT_SOCKET)?"));
-    }
+    if (!Write(request)) return AgentUnreachable(options.socket, "");
     reader_ = std::thread([this] { ReadLoop(); });
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_for(lock, options.attach_timeout,
@@ -205,20 +214,33 @@ class Client::Impl {
   void ReadLoop() {
     v1::TrainerEvent event;
     while (stream_->Read(&event)) Dispatch(event);
-    grpc::Status status = stream_->Finish();
-    const absl::Status lost =
-        status.ok()
-            ? absl::UnavailableError("the agent ended this trainer's session")
-            : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                           status.error_message());
+    const grpc::Status status = stream_->Finish();
+    absl::Status lost;
     std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Handle>> handles;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      lost = SessionEnded(status);
       stream_status_ = lost;
       handles.swap(handles_);
       cv_.notify_all();
     }
     for (auto& [key, handle] : handles) handle->Finish(lost, 0);
+  }
+
+  // What every call still waiting on the session gets once the stream
+  // ended. A killed agent, or none at the socket, ends it with UNAVAILABLE
+  // in gRPC's words ("Socket closed"): name the agent and what to do.
+  // Called with mu_ held.
+  absl::Status SessionEnded(const grpc::Status& status) const {
+    if (status.ok()) {
+      return absl::UnavailableError("the agent ended this trainer's session");
+    }
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          status.error_message());
+    }
+    return attached_ ? SessionClosed(socket_, status.error_message())
+                     : AgentUnreachable(socket_, status.error_message());
   }
 
   void Dispatch(const v1::TrainerEvent& event) {
@@ -264,7 +286,7 @@ class Client::Impl {
 
   absl::StatusOr<v1::TrainerEvent> Call(v1::TrainerRequest& request) {
     if (!Write(request)) {
-      return SessionClosed();
+      return SessionClosed(socket_);
     }
     const uint64_t seq = request.seq();
     std::unique_lock<std::mutex> lock(mu_);
@@ -315,11 +337,12 @@ class Client::Impl {
     if (!Write(request)) {
       std::lock_guard<std::mutex> lock(mu_);
       handles_.erase({tensor.index(), step});
-      return SessionClosed();
+      return SessionClosed(socket_);
     }
     return handle;
   }
 
+  std::string socket_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TrainerService::Stub> stub_;
   grpc::ClientContext context_;
@@ -439,7 +462,7 @@ absl::Status Client::Detach(bool finished, std::chrono::milliseconds timeout) {
   v1::TrainerRequest request;
   request.mutable_detach()->set_finished(finished);
   if (!impl_->Write(request)) {
-    return SessionClosed();
+    return SessionClosed(impl_->socket_);
   }
   {
     std::lock_guard<std::mutex> write_lock(impl_->write_mu_);

@@ -4,7 +4,9 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -129,8 +131,10 @@ class Session::Impl {
     return absl::OkStatus();
   }
 
+  // Copies `buffer` in and starts `op`; Synchronize copies the result to
+  // `output` (nullptr: nowhere).
   absl::StatusOr<OperationHandle> Start(const std::string& name,
-                                        const Buffer& buffer,
+                                        const Buffer& buffer, void* output,
                                         v1::CollectiveOp op, bool average,
                                         int32_t root_rank) {
     v1::TensorSpec spec;
@@ -155,9 +159,10 @@ class Session::Impl {
       }
       elements *= d;
     }
-    if (buffer.data == nullptr && elements > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor \"", name, "\": the buffer's data is null"));
+    if ((buffer.data == nullptr || output == nullptr) && elements > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", name, "\": the ",
+          buffer.data == nullptr ? "buffer's data" : "output", " is null"));
     }
     if (op == v1::COLLECTIVE_OP_BROADCAST &&
         (root_rank < 0 || root_rank >= client_->size())) {
@@ -177,9 +182,21 @@ class Session::Impl {
             pending->second->handle->step(),
             "): synchronize it before starting the next one"));
       }
+      // Held from here until the operation is in flight, so that a second
+      // thread starting the same name cannot overwrite this one's input.
+      if (!starting_.insert(name).second) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tensor \"", name,
+            "\" is being started by another thread; start each name from one "
+            "thread at a time"));
+      }
       auto it = tensors_.find(name);
       if (it != tensors_.end()) tensor = it->second;
     }
+    absl::Cleanup release_name = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      starting_.erase(name);
+    };
     if (tensor == nullptr) {
       if (absl::Status s = Declare({spec}); !s.ok()) return s;
       std::lock_guard<std::mutex> lock(mu_);
@@ -197,12 +214,6 @@ class Session::Impl {
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return Closed();
-    if (in_flight_.count(name) > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "tensor \"", name,
-          "\" was started from two threads at once; start each name from "
-          "one thread"));
-    }
     int64_t& step = next_step_[name];
     absl::StatusOr<std::shared_ptr<Handle>> handle =
         op == v1::COLLECTIVE_OP_PUSH_PULL
@@ -211,8 +222,10 @@ class Session::Impl {
     if (!handle.ok()) return handle.status();
     ++step;
     auto operation = std::make_shared<Operation>(
-        name, std::move(*handle), tensor, is_root ? nullptr : buffer.data);
+        name, std::move(*handle), tensor, is_root ? nullptr : output);
     in_flight_.emplace(name, operation);
+    starting_.erase(name);
+    std::move(release_name).Cancel();
     return operation;
   }
 
@@ -240,7 +253,10 @@ class Session::Impl {
     return status;
   }
 
-  absl::Status Shutdown(std::chrono::milliseconds drain_timeout) {
+  // `may_finish`: leave as finished when everything drained (false: the
+  // trainer is giving up, and the job must not count it as done).
+  absl::Status Shutdown(std::chrono::milliseconds drain_timeout,
+                        bool may_finish = true) {
     std::vector<OperationHandle> pending;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -276,7 +292,8 @@ class Session::Impl {
     }
     // A trainer that leaves with work unfinished is not done: the job sees a
     // failure instead of a clean finish.
-    absl::Status detached = client_->Detach(/*finished=*/unfinished == 0);
+    absl::Status detached =
+        client_->Detach(/*finished=*/may_finish && unfinished == 0);
     if (!status.ok()) return status;
     return detached;
   }
@@ -318,6 +335,7 @@ class Session::Impl {
   std::map<std::string, std::shared_ptr<Tensor>> tensors_;
   std::map<std::string, int64_t> next_step_;
   std::map<std::string, OperationHandle> in_flight_;
+  std::set<std::string> starting_;
 };
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -346,7 +364,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Init() {
     status = CheckLauncherVariable("WORLD_SIZE", (*session)->size());
   }
   if (!status.ok()) {
-    (*session)->Shutdown(std::chrono::seconds(0)).IgnoreError();
+    (*session)
+        ->impl_->Shutdown(std::chrono::seconds(0), /*may_finish=*/false)
+        .IgnoreError();
     return status;
   }
   return session;
@@ -375,14 +395,23 @@ absl::Status Session::DeclareTensor(const std::string& name, v1::DataType dtype,
 absl::StatusOr<OperationHandle> Session::PushPullAsync(const std::string& name,
                                                        const Buffer& buffer,
                                                        bool average) {
-  return impl_->Start(name, buffer, v1::COLLECTIVE_OP_PUSH_PULL, average, 0);
+  return impl_->Start(name, buffer, buffer.data, v1::COLLECTIVE_OP_PUSH_PULL,
+                      average, 0);
+}
+
+absl::StatusOr<OperationHandle> Session::PushPullAsync(const std::string& name,
+                                                       const Buffer& buffer,
+                                                       void* output,
+                                                       bool average) {
+  return impl_->Start(name, buffer, output, v1::COLLECTIVE_OP_PUSH_PULL,
+                      average, 0);
 }
 
 absl::StatusOr<OperationHandle> Session::BroadcastAsync(const std::string& name,
                                                         const Buffer& buffer,
                                                         int32_t root_rank) {
-  return impl_->Start(name, buffer, v1::COLLECTIVE_OP_BROADCAST, false,
-                      root_rank);
+  return impl_->Start(name, buffer, buffer.data, v1::COLLECTIVE_OP_BROADCAST,
+                      false, root_rank);
 }
 
 bool Session::Poll(const OperationHandle& handle) const {

@@ -89,6 +89,12 @@ class Session {
   absl::StatusOr<OperationHandle> PushPullAsync(const std::string& name,
                                                 const Buffer& buffer,
                                                 bool average);
+  // The same, with the result going to `output` (as many bytes as `buffer`
+  // holds) instead of back into `buffer`. Either way the input is copied
+  // before this returns, so `buffer` may be reused at once.
+  absl::StatusOr<OperationHandle> PushPullAsync(const std::string& name,
+                                                const Buffer& buffer,
+                                                void* output, bool average);
   // `root_rank`'s `buffer`, written into every rank's `buffer` by
   // Synchronize. Declares `name` as a broadcast tensor on first use.
   absl::StatusOr<OperationHandle> BroadcastAsync(const std::string& name,

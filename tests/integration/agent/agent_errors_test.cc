@@ -23,19 +23,6 @@ using ::testing::HasSubstr;
 
 constexpr auto kWait = std::chrono::seconds(20);
 
-ClientOptions Trainer(const LocalCluster& cluster, int node,
-                      const std::string& job, int local_rank = 0,
-                      int local_size = 1, int nodes = 1) {
-  ClientOptions options;
-  options.socket = cluster.socket(node);
-  options.job = job;
-  options.local_rank = local_rank;
-  options.local_size = local_size;
-  options.expected_nodes = nodes;
-  options.attach_timeout = std::chrono::seconds(20);
-  return options;
-}
-
 // Connects every trainer at once (a job forms only when all are there).
 std::vector<std::unique_ptr<Client>> ConnectAll(
     const std::vector<ClientOptions>& options) {
@@ -78,22 +65,22 @@ class AgentErrorsTest : public ::testing::Test {
 };
 
 TEST_F(AgentErrorsTest, BadAttachIsRefusedWithTheFieldNamed) {
-  ClientOptions bad_rank = Trainer(cluster_, 1, "attach", 2, 2);
+  ClientOptions bad_rank = cluster_.TrainerOptions(1, "attach", 2, 2);
   auto client = Client::Connect(bad_rank);
   EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(client.status().message(), HasSubstr("local_rank is 2"));
 
-  ClientOptions bad_job = Trainer(cluster_, 1, "no spaces");
+  ClientOptions bad_job = cluster_.TrainerOptions(1, "no spaces");
   client = Client::Connect(bad_job);
   EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(client.status().message(), HasSubstr("AttachRequest.job"));
 
-  ClientOptions bad_mode = Trainer(cluster_, 1, "mode");
+  ClientOptions bad_mode = cluster_.TrainerOptions(1, "mode");
   bad_mode.scheduling = "lifo";
   client = Client::Connect(bad_mode);
   EXPECT_THAT(client.status().message(), HasSubstr("scheduling is \"lifo\""));
 
-  ClientOptions no_agent = Trainer(cluster_, 1, "x");
+  ClientOptions no_agent = cluster_.TrainerOptions(1, "x");
   no_agent.socket = cluster_.dir() + "/nobody.sock";
   client = Client::Connect(no_agent);
   EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
@@ -103,24 +90,24 @@ TEST_F(AgentErrorsTest, BadAttachIsRefusedWithTheFieldNamed) {
 TEST_F(AgentErrorsTest, LocalRanksMustAgreeAndBeUnique) {
   // Rank 0 of 2 attaches and waits for rank 1.
   auto first = std::async(std::launch::async, [&] {
-    return Client::Connect(Trainer(cluster_, 1, "local", 0, 2));
+    return Client::Connect(cluster_.TrainerOptions(1, "local", 0, 2));
   });
   absl::SleepFor(absl::Milliseconds(300));
-  auto other_size = Client::Connect(Trainer(cluster_, 1, "local", 1, 3));
+  auto other_size = Client::Connect(cluster_.TrainerOptions(1, "local", 1, 3));
   EXPECT_EQ(other_size.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(other_size.status().message(),
               AllOf(HasSubstr("local_size is 3"), HasSubstr("gave 2")));
-  auto same_rank = Client::Connect(Trainer(cluster_, 1, "local", 0, 2));
+  auto same_rank = Client::Connect(cluster_.TrainerOptions(1, "local", 0, 2));
   EXPECT_EQ(same_rank.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(same_rank.status().message(), HasSubstr("local rank 0"));
-  auto second = Client::Connect(Trainer(cluster_, 1, "local", 1, 2));
+  auto second = Client::Connect(cluster_.TrainerOptions(1, "local", 1, 2));
   ASSERT_TRUE(second.ok()) << second.status();
   ASSERT_TRUE(first.get().ok());
 }
 
 TEST_F(AgentErrorsTest, BadDeclarationsNameTheTensorAndField) {
-  auto clients = ConnectAll({Trainer(cluster_, 1, "declare", 0, 2),
-                             Trainer(cluster_, 1, "declare", 1, 2)});
+  auto clients = ConnectAll({cluster_.TrainerOptions(1, "declare", 0, 2),
+                             cluster_.TrainerOptions(1, "declare", 1, 2)});
   ASSERT_EQ(clients.size(), 2u);
   auto bad = clients[0]->Declare({Spec("w", v1::DATA_TYPE_UNSPECIFIED, {4})});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
@@ -147,8 +134,8 @@ TEST_F(AgentErrorsTest, BadDeclarationsNameTheTensorAndField) {
 }
 
 TEST_F(AgentErrorsTest, LocalRanksDisagreeingOnAverageFailThenRetry) {
-  auto clients = ConnectAll({Trainer(cluster_, 1, "average", 0, 2),
-                             Trainer(cluster_, 1, "average", 1, 2)});
+  auto clients = ConnectAll({cluster_.TrainerOptions(1, "average", 0, 2),
+                             cluster_.TrainerOptions(1, "average", 1, 2)});
   ASSERT_EQ(clients.size(), 2u);
   const std::vector<std::shared_ptr<Tensor>> tensors[2] = {
       DeclareG(*clients[0]), DeclareG(*clients[1])};
@@ -169,7 +156,7 @@ TEST_F(AgentErrorsTest, LocalRanksDisagreeingOnAverageFailThenRetry) {
 }
 
 TEST_F(AgentErrorsTest, BadEnqueuesFailTheirHandle) {
-  auto clients = ConnectAll({Trainer(cluster_, 1, "enqueue")});
+  auto clients = ConnectAll({cluster_.TrainerOptions(1, "enqueue")});
   ASSERT_EQ(clients.size(), 1u);
   Client& c = *clients[0];
   auto tensors = c.Declare(
@@ -198,8 +185,8 @@ TEST_F(AgentErrorsTest, BadEnqueuesFailTheirHandle) {
 }
 
 TEST_F(AgentErrorsTest, NodesEnqueueingDifferentStepsFailInsteadOfHanging) {
-  auto clients = ConnectAll({Trainer(cluster_, 1, "steps", 0, 1, 2),
-                             Trainer(cluster_, 2, "steps", 0, 1, 2)});
+  auto clients = ConnectAll({cluster_.TrainerOptions(1, "steps", 0, 1, 2),
+                             cluster_.TrainerOptions(2, "steps", 0, 1, 2)});
   ASSERT_EQ(clients.size(), 2u);
   const std::vector<std::shared_ptr<Tensor>> tensors[2] = {
       DeclareG(*clients[0]), DeclareG(*clients[1])};
@@ -216,8 +203,8 @@ TEST_F(AgentErrorsTest, NodesEnqueueingDifferentStepsFailInsteadOfHanging) {
 }
 
 TEST_F(AgentErrorsTest, NodesDeclaringATensorDifferentlyGetTheMismatch) {
-  auto clients = ConnectAll({Trainer(cluster_, 1, "mismatch", 0, 1, 2),
-                             Trainer(cluster_, 2, "mismatch", 0, 1, 2)});
+  auto clients = ConnectAll({cluster_.TrainerOptions(1, "mismatch", 0, 1, 2),
+                             cluster_.TrainerOptions(2, "mismatch", 0, 1, 2)});
   ASSERT_EQ(clients.size(), 2u);
   auto t0 = clients[0]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {4})});
   auto t1 = clients[1]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {5})});
@@ -230,9 +217,10 @@ TEST_F(AgentErrorsTest, NodesDeclaringATensorDifferentlyGetTheMismatch) {
 }
 
 TEST_F(AgentErrorsTest, NodesWithDifferentSchedulingModesFail) {
-  ClientOptions fifo = Trainer(cluster_, 1, "modes", 0, 1, 2);
+  ClientOptions fifo = cluster_.TrainerOptions(1, "modes", 0, 1, 2);
   fifo.scheduling = "fifo";
-  auto clients = ConnectAll({fifo, Trainer(cluster_, 2, "modes", 0, 1, 2)});
+  auto clients =
+      ConnectAll({fifo, cluster_.TrainerOptions(2, "modes", 0, 1, 2)});
   ASSERT_EQ(clients.size(), 2u);
   const std::vector<std::shared_ptr<Tensor>> tensors[2] = {
       DeclareG(*clients[0]), DeclareG(*clients[1])};

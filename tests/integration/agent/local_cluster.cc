@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -102,6 +103,19 @@ absl::Status LocalCluster::StartTrainers(const std::string& job,
     }
   }
   return absl::OkStatus();
+}
+
+ClientOptions LocalCluster::TrainerOptions(int node, const std::string& job,
+                                           int local_rank, int local_size,
+                                           int nodes) const {
+  ClientOptions options;
+  options.socket = socket(node);
+  options.job = job;
+  options.local_rank = local_rank;
+  options.local_size = local_size;
+  options.expected_nodes = nodes;
+  options.attach_timeout = std::chrono::seconds(20);
+  return options;
 }
 
 std::vector<ProcessExit> LocalCluster::WaitTrainers(absl::Duration timeout) {

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "baton/client.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/coordinator_process.h"
 
@@ -36,6 +37,13 @@ class LocalCluster {
                              const std::vector<int>& local_sizes,
                              const std::vector<std::string>& flags,
                              const std::vector<std::string>& env = {});
+
+  // Options for an in-process trainer (the client library) of job `job` on
+  // node `node`: local rank `local_rank` of `local_size` there, in a job of
+  // `nodes` nodes. Attaching waits up to 20 s for the job to form.
+  ClientOptions TrainerOptions(int node, const std::string& job,
+                               int local_rank = 0, int local_size = 1,
+                               int nodes = 1) const;
 
   // Waits for every trainer to end; returns how each ended.
   std::vector<ProcessExit> WaitTrainers(absl::Duration timeout);

@@ -1,0 +1,387 @@
+"""baton for PyTorch: push-pull, broadcast and optimizers, BytePS/Horovod style.
+
+    import baton.torch as bt
+    bt.init()
+    bt.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = bt.ScheduledOptimizer(model, torch.optim.SGD(...), num_steps)
+
+Tensors are CPU tensors; their bytes travel through shared memory to this
+node's baton-agent and between nodes over the agents' data plane.
+"""
+
+import atexit
+import io
+import threading
+import weakref
+
+import torch
+
+from baton import _baton
+from baton._baton import BatonError
+
+__all__ = [
+    "BatonError",
+    "init",
+    "shutdown",
+    "is_initialized",
+    "size",
+    "rank",
+    "local_rank",
+    "local_size",
+    "push_pull",
+    "push_pull_async",
+    "poll",
+    "synchronize",
+    "broadcast",
+    "broadcast_async",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
+    "declare",
+    "DistributedOptimizer",
+    "ScheduledOptimizer",
+]
+
+_DTYPES = {
+    torch.float32: _baton.FLOAT32,
+    torch.float64: _baton.FLOAT64,
+    torch.float16: _baton.FLOAT16,
+    torch.bfloat16: _baton.BFLOAT16,
+    torch.int32: _baton.INT32,
+    torch.int64: _baton.INT64,
+    torch.uint8: _baton.UINT8,
+    torch.int8: _baton.INT8,
+}
+
+_lock = threading.Lock()
+_session = None
+# Things to drain before the session closes (ScheduledOptimizers).
+_drainers = weakref.WeakSet()
+# handle id -> _Pending; ids are never reused.
+_pending = {}
+_next_handle = 0
+# Unnamed push-pulls: (dtype, shape) -> slots in use, so that each call in
+# flight gets its own tensor name and names repeat from step to step.
+_unnamed_busy = {}
+
+
+class _Pending:
+    __slots__ = ("operation", "tensor", "target", "unnamed_key", "done")
+
+    def __init__(self, operation, tensor, target, unnamed_key):
+        self.operation = operation
+        self.tensor = tensor  # what the bytes are written into
+        self.target = target  # the caller's tensor, when not `tensor`
+        self.unnamed_key = unnamed_key
+        self.done = False
+
+
+def init(attach_timeout=None):
+    """Attaches this process to its node's baton-agent and joins the job.
+
+    Reads BATON_AGENT_SOCKET, BATON_JOB, LOCAL_RANK and LOCAL_WORLD_SIZE
+    (batonrun sets them) and waits until every node of the job has joined
+    (at most `attach_timeout` seconds; default 300). Calling it again while
+    initialized does nothing.
+    """
+    global _session
+    with _lock:
+        if _session is not None:
+            return
+        _session = _baton.Session.init(attach_timeout)
+
+
+def is_initialized():
+    return _session is not None
+
+
+def shutdown(drain_timeout=60.0):
+    """Drains what is in flight (ScheduledOptimizer updates included, for at
+    most `drain_timeout` seconds), then leaves the job. Safe to call twice;
+    also runs at interpreter exit."""
+    global _session
+    for drainer in list(_drainers):
+        drainer.close()
+    with _lock:
+        session, _session = _session, None
+        _pending.clear()
+        _unnamed_busy.clear()
+    if session is not None:
+        session.shutdown(drain_timeout)
+
+
+atexit.register(shutdown)
+
+
+def _require():
+    session = _session
+    if session is None:
+        raise BatonError("baton is not initialized: call baton.torch.init() first")
+    return session
+
+
+def size():
+    """Number of ranks in the job."""
+    return _require().size()
+
+
+def rank():
+    """This process's rank in the job (0 .. size()-1)."""
+    return _require().rank()
+
+
+def local_rank():
+    """This process's rank among the job's processes on this node."""
+    return _require().local_rank()
+
+
+def local_size():
+    """Number of the job's processes on this node."""
+    return _require().local_size()
+
+
+def _dtype_of(tensor, what):
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError("%s must be a torch.Tensor, not %s" % (what, type(tensor).__name__))
+    if tensor.device.type != "cpu":
+        raise ValueError(
+            "%s is on %s: baton's data plane takes CPU tensors (GPU tensors come "
+            "with the NCCL data plane); move it with .cpu()" % (what, tensor.device)
+        )
+    dtype = _DTYPES.get(tensor.dtype)
+    if dtype is None:
+        raise ValueError(
+            "%s has dtype %s; baton supports %s"
+            % (what, tensor.dtype, ", ".join(str(d) for d in _DTYPES))
+        )
+    return dtype
+
+
+def _contiguous(tensor):
+    """The tensor itself when dense, else a dense copy to write back from."""
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def _register(operation, tensor, target, unnamed_key):
+    global _next_handle
+    with _lock:
+        _next_handle += 1
+        _pending[_next_handle] = _Pending(operation, tensor, target, unnamed_key)
+        return _next_handle
+
+
+def _unnamed_name(tensor):
+    key = (str(tensor.dtype), tuple(tensor.shape))
+    with _lock:
+        busy = _unnamed_busy.setdefault(key, set())
+        slot = 0
+        while slot in busy:
+            slot += 1
+        busy.add(slot)
+    shape = "x".join(str(d) for d in tensor.shape) or "scalar"
+    return "PushPull.noname.%s.%s.%d" % (key[0].replace("torch.", ""), shape, slot), (key, slot)
+
+
+def _release_unnamed(unnamed_key):
+    if unnamed_key is None:
+        return
+    key, slot = unnamed_key
+    with _lock:
+        _unnamed_busy.get(key, set()).discard(slot)
+
+
+def push_pull_async(tensor, average=True, name=None):
+    """Starts an in-place sum (average=False) or mean of `tensor` over all
+    ranks and returns a handle for poll() and synchronize().
+
+    `name` identifies the tensor across ranks (it keeps its dtype and shape
+    for the whole job); every rank must start the same names in the same
+    order. Without a name, calls in flight together are matched by order.
+    The input is copied before this returns; `tensor` receives the result
+    when the handle is synchronized.
+    """
+    session = _require()
+    dtype = _dtype_of(tensor, "push_pull tensor %r" % (name,) if name else "push_pull tensor")
+    dense = _contiguous(tensor)
+    unnamed_key = None
+    if name is None:
+        name, unnamed_key = _unnamed_name(tensor)
+    try:
+        operation = session.push_pull_async(
+            name, dense.data_ptr(), dtype, list(dense.shape), bool(average), dense.data_ptr()
+        )
+    except BaseException:
+        _release_unnamed(unnamed_key)
+        raise
+    return _register(operation, dense, tensor if dense is not tensor else None, unnamed_key)
+
+
+def _push_pull_async_to(tensor, output, name):
+    """Averages `tensor` into `output` (dense, same shape and dtype), leaving
+    `tensor` alone; for optimizers whose gradients stay the user's."""
+    session = _require()
+    dense = _contiguous(tensor)
+    operation = session.push_pull_async(
+        name, dense.data_ptr(), _dtype_of(tensor, name), list(dense.shape), True, output.data_ptr()
+    )
+    return _register(operation, output, None, None)
+
+
+def broadcast_async(tensor, root_rank, name):
+    """Starts an in-place broadcast of root_rank's `tensor` to every rank."""
+    session = _require()
+    dtype = _dtype_of(tensor, "broadcast tensor %r" % (name,))
+    dense = _contiguous(tensor)
+    operation = session.broadcast_async(
+        name, dense.data_ptr(), dtype, list(dense.shape), int(root_rank)
+    )
+    return _register(operation, dense, tensor if dense is not tensor else None, None)
+
+
+def _take(handle):
+    with _lock:
+        pending = _pending.get(handle)
+    if pending is None:
+        raise ValueError(
+            "unknown baton handle %r: it was synchronized already or never "
+            "returned by push_pull_async" % (handle,)
+        )
+    return pending
+
+
+def poll(handle):
+    """True when the operation finished (synchronize() then returns at once)."""
+    return _require().poll(_take(handle).operation)
+
+
+def synchronize(handle, timeout=None):
+    """Waits for the operation and returns its tensor holding the result.
+
+    Raises TimeoutError after `timeout` seconds (the operation stays in
+    flight), and BatonError naming the cause when the operation failed (a
+    lost node: code ABORTED; the agent gone: UNAVAILABLE)."""
+    session = _require()
+    pending = _take(handle)
+    try:
+        session.synchronize(pending.operation, 86400.0 if timeout is None else float(timeout))
+    except TimeoutError:
+        raise
+    except BaseException:
+        _forget(handle, pending)
+        raise
+    _forget(handle, pending)
+    if pending.target is not None:
+        with torch.no_grad():
+            pending.target.copy_(pending.tensor)
+        return pending.target
+    return pending.tensor
+
+
+def _forget(handle, pending):
+    with _lock:
+        _pending.pop(handle, None)
+    _release_unnamed(pending.unnamed_key)
+
+
+def push_pull(tensor, average=True, name=None):
+    """push_pull_async + synchronize: `tensor` holds the sum or mean."""
+    return synchronize(push_pull_async(tensor, average, name))
+
+
+def broadcast(tensor, root_rank, name):
+    """broadcast_async + synchronize: `tensor` holds root_rank's values."""
+    return synchronize(broadcast_async(tensor, root_rank, name))
+
+
+def declare(name, tensor, op="push_pull"):
+    """Declares a tensor ahead of its first use. Declaration order is the
+    default priority (first declared = first needed by the forward pass)."""
+    declare_many([(name, tensor)], op)
+
+
+def declare_many(named_tensors, op="push_pull"):
+    """Declares [(name, tensor)] in order, in one round trip."""
+    session = _require()
+    code = {"push_pull": _baton.PUSH_PULL, "broadcast": _baton.BROADCAST}.get(op)
+    if code is None:
+        raise ValueError("op must be 'push_pull' or 'broadcast', not %r" % (op,))
+    specs = [
+        (name, _dtype_of(t, "tensor %r" % (name,)), list(t.shape), code)
+        for name, t in named_tensors
+    ]
+    session.declare(specs)
+
+
+def broadcast_parameters(params, root_rank):
+    """Makes every rank hold root_rank's values of `params`, exactly.
+
+    `params` is a dict (e.g. model.state_dict(); broadcast in
+    sorted(params.items()) order) or a list of tensors or (name, tensor)
+    tuples (e.g. model.named_parameters()).
+    """
+    if isinstance(params, dict):
+        params = sorted(params.items())
+    elif isinstance(params, list):
+        params = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError("invalid params of type: %s" % type(params))
+    named = []
+    for index, (name, tensor) in enumerate(params):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(
+                "broadcast_parameters: entry %r is a %s, not a torch.Tensor"
+                % (name if name is not None else index, type(tensor).__name__)
+            )
+        if name is None:
+            shape = "x".join(str(d) for d in tensor.shape) or "scalar"
+            name = "unnamed.%d.%s.%s" % (index, str(tensor.dtype).replace("torch.", ""), shape)
+        named.append(("Parameter." + str(name), tensor))
+    if not named:
+        return
+    declare_many([(n, t) for n, t in named], op="broadcast")
+    handles = []
+    try:
+        with torch.no_grad():
+            for name, tensor in named:
+                handles.append(broadcast_async(tensor.data if tensor.requires_grad else tensor, root_rank, name))
+    finally:
+        # Everything started is finished before returning, even after an
+        # error, so nothing is written behind the caller's back.
+        errors = []
+        for handle in handles:
+            try:
+                synchronize(handle)
+            except BaseException as e:  # noqa: B902 - re-raised below
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+def broadcast_optimizer_state(optimizer, root_rank):
+    """Makes every rank's optimizer state (per-parameter state such as
+    momentum buffers and Adam moments, and every param group's
+    hyperparameters) equal root_rank's, exactly.
+
+    The state travels serialized (torch.save), so any optimizer and any
+    state layout work; every rank's optimizer must hold the same parameters
+    in the same groups.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state: it keeps closures")
+    inner = getattr(optimizer, "optimizer", optimizer)
+    is_root = rank() == root_rank
+    payload = None
+    if is_root:
+        buffer = io.BytesIO()
+        torch.save(inner.state_dict(), buffer)
+        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    length = torch.tensor([payload.numel() if is_root else 0], dtype=torch.int64)
+    broadcast(length, root_rank, "OptimizerState.bytes")
+    n = int(length.item())
+    data = payload if is_root else torch.empty(n, dtype=torch.uint8)
+    broadcast(data, root_rank, "OptimizerState.%d" % n)
+    if not is_root:
+        state = torch.load(io.BytesIO(data.numpy().tobytes()))
+        inner.load_state_dict(state)
+
+
+from baton.torch.optimizers import DistributedOptimizer, ScheduledOptimizer  # noqa: E402

@@ -1,0 +1,423 @@
+"""DistributedOptimizer (Horovod style) and ScheduledOptimizer (ByteScheduler
+style: per-parameter updates overlapping the next forward pass)."""
+
+import queue
+import threading
+
+import torch
+
+import baton.torch as _bt
+
+
+def _gradient_hook_node(p):
+    """The AccumulateGrad node of leaf `p`: its hooks run after the gradient
+    was accumulated into p.grad (torch 1.13 has no post-accumulate hook)."""
+    return p.expand_as(p).grad_fn.next_functions[0][0]
+
+
+def _named_optimizer_params(optimizer, named_parameters):
+    """[(name, param)] for every parameter of `optimizer`, in group order."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        return [("param.%d" % i, p) for i, p in enumerate(params)]
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+        raise ValueError(
+            "named_parameters must be (name, parameter) pairs, such as "
+            "model.named_parameters()"
+        )
+    names = [name for name, _ in named]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError("named_parameters has duplicate names: %s" % ", ".join(duplicates))
+    name_of = {id(p): name for name, p in named}
+    unnamed = [i for i, p in enumerate(params) if id(p) not in name_of]
+    if unnamed:
+        raise ValueError(
+            "named_parameters does not name every parameter of the optimizer "
+            "(parameters %s of its param groups are missing); pass "
+            "model.named_parameters() of the model the optimizer trains" % unnamed
+        )
+    return [(name_of[id(p)], p) for p in params]
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, backward_passes_per_step, state):
+        super(self.__class__, self).__init__(params)
+        self.state = state
+        if backward_passes_per_step < 1:
+            raise ValueError(
+                "backward_passes_per_step must be at least 1, not %r" % (backward_passes_per_step,)
+            )
+        self.backward_passes_per_step = backward_passes_per_step
+        named = _named_optimizer_params(self, named_parameters)
+        self._names = {p: "Gradient." + name for name, p in named}
+        self._handles = {}
+        self._synchronized = False
+        self._delay = {p: backward_passes_per_step for _, p in named}
+        self._grad_accs = []
+        trained = [(self._names[p], p) for _, p in named if p.requires_grad]
+        # First declared = most urgent: the parameters' order is the forward
+        # pass's order for models built the usual way.
+        _bt.declare_many(trained)
+        for _, p in trained:
+            node = _gradient_hook_node(p)
+            node.register_hook(self._make_hook(p))
+            self._grad_accs.append(node)
+
+    def _make_hook(self, p):
+        def hook(*_):
+            if p in self._handles and self._delay[p] <= 0:
+                raise AssertionError(
+                    "parameter %s got more than backward_passes_per_step=%d "
+                    "gradients before step(); raise backward_passes_per_step "
+                    "to accumulate gradients locally" % (self._names[p], self.backward_passes_per_step)
+                )
+            self._delay[p] -= 1
+            if self._delay[p] == 0:
+                self._handles[p] = _bt.push_pull_async(p.grad, average=True, name=self._names[p])
+
+        return hook
+
+    def synchronize(self):
+        """Waits until every gradient is averaged across ranks (push-pulls
+        those whose hooks did not fire: unused parameters get zeros, so every
+        rank starts the same operations)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p not in self._handles:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    self._handles[p] = _bt.push_pull_async(p.grad, average=True, name=self._names[p])
+        handles, self._handles = self._handles, {}
+        try:
+            for handle in handles.values():
+                _bt.synchronize(handle)
+        finally:
+            for p in self._delay:
+                self._delay[p] = self.backward_passes_per_step
+        self._synchronized = True
+
+    def step(self, closure=None):
+        """Averages the gradients (unless synchronize() already did, e.g.
+        for gradient clipping) and runs the optimizer."""
+        if not self._synchronized:
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none=False):
+        if self._handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but "
+                "before optimizer.step() or optimizer.synchronize(): the "
+                "gradients in flight would be lost"
+            )
+        return super(self.__class__, self).zero_grad(set_to_none)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, backward_passes_per_step=1):
+    """Wraps a torch.optim optimizer so that step() uses gradients averaged
+    across every rank.
+
+    Each gradient is push-pulled (as tensor "Gradient.<name>") as soon as
+    backward produces it, so communication overlaps the rest of backward;
+    step() waits for all of them, then runs the optimizer. The result is an
+    instance of the optimizer's own class (LR schedulers and state_dict work
+    as usual) sharing its param groups and state. With
+    backward_passes_per_step=N, gradients accumulate locally over N backward
+    passes before they are averaged.
+    """
+    cls = type(
+        optimizer.__class__.__name__,
+        (optimizer.__class__,),
+        dict(_DistributedOptimizer.__dict__),
+    )
+    return cls(optimizer.param_groups, named_parameters, backward_passes_per_step, optimizer.state)
+
+
+class _OneParamState:
+    """optimizer.state seen through a stand-in key: the per-parameter step
+    runs on an alias of the parameter, and its state is the parameter's."""
+
+    def __init__(self, state, alias, param):
+        self._state, self._alias, self._param = state, alias, param
+
+    def _key(self, key):
+        return self._param if key is self._alias else key
+
+    def __getitem__(self, key):
+        return self._state[self._key(key)]
+
+    def __setitem__(self, key, value):
+        self._state[self._key(key)] = value
+
+    def __contains__(self, key):
+        return self._key(key) in self._state
+
+    def get(self, key, default=None):
+        return self._state.get(self._key(key), default)
+
+
+class _Slot:
+    """One parameter under a ScheduledOptimizer."""
+
+    __slots__ = ("name", "param", "index", "group", "gate", "output", "handle", "iteration")
+
+    def __init__(self, name, param, index, group):
+        self.name = name
+        self.param = param
+        self.index = index  # declaration order = priority
+        self.group = group  # index into the optimizer's param_groups
+        self.gate = threading.Event()
+        self.gate.set()
+        self.output = torch.empty_like(param, memory_format=torch.contiguous_format)
+        self.handle = None  # the push-pull in flight, until applied
+        self.iteration = None  # the step() it belongs to
+
+
+class ScheduledOptimizer:
+    """Cross-iteration scheduling: the next forward pass of a layer starts as
+    soon as that layer's own parameters are updated.
+
+    Each parameter has a gate. A gradient hook closes it and starts the
+    gradient's push-pull ("Gradient.<name>", priority by declaration order:
+    the model's parameter order) the moment backward produces it. When the
+    push-pull completes (after step() of that iteration was called), the
+    background thread updates that one parameter with `optimizer` itself --
+    its class's own step(), its param groups' hyperparameters as they were
+    when step() was called, its state -- and opens the gate. A forward
+    pre-hook on every module that owns parameters waits for the gates of its
+    own parameters only.
+
+    step() returns at once, except at step number `num_steps`, which waits
+    until every update is applied. finalize() (also called on exit, by
+    baton.torch.shutdown(), and when a `with` block ends) drains everything
+    regardless, so a wrong num_steps never hangs and never loses an update.
+
+    p.grad keeps this rank's local gradient; the averaged gradient goes
+    straight into the update. Create LR schedulers on `optimizer`.
+    """
+
+    def __init__(self, model, optimizer, num_steps=10**6):
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError("model must be a torch.nn.Module, not %s" % type(model).__name__)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(
+                "optimizer must be a torch.optim.Optimizer, not %s" % type(optimizer).__name__
+            )
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise ValueError("ScheduledOptimizer cannot run LBFGS: it needs a closure per step")
+        if not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError("num_steps must be a positive int, not %r" % (num_steps,))
+        self.optimizer = optimizer
+        self.model = model
+        self.num_steps = num_steps
+
+        group_of = {}
+        for g, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                group_of[p] = g
+        in_model = {p for p in model.parameters()}
+        stray = [i for i, p in enumerate(group_of) if p not in in_model]
+        if stray:
+            raise ValueError(
+                "the optimizer holds parameters that are not the model's "
+                "(positions %s in its param groups): ScheduledOptimizer updates "
+                "a parameter before the forward pass of the module that owns it" % stray
+            )
+        self._slots = {}
+        for name, p in model.named_parameters():
+            if p.requires_grad and p in group_of:
+                self._slots[p] = _Slot("Gradient." + name, p, len(self._slots), group_of[p])
+        _bt.declare_many([(s.name, s.param) for s in self._slots.values()])
+
+        self._cv = threading.Condition()
+        self._iteration = 0  # step() calls so far
+        self._unreleased = []  # slots pushed in the current iteration
+        self._submitted = 0  # batches handed to the applier
+        self._finished = 0  # batches it finished
+        self._error = None
+        self._queue = queue.Queue()
+        self._hooks = []
+        self._grad_accs = []
+        for module in model.modules():
+            own = [self._slots[p] for p in module._parameters.values() if p in self._slots]
+            if own:
+                self._hooks.append(module.register_forward_pre_hook(self._make_gate_hook(own)))
+        for slot in self._slots.values():
+            node = _gradient_hook_node(slot.param)
+            node.register_hook(self._make_gradient_hook(slot))
+            self._grad_accs.append(node)
+        self._thread = threading.Thread(
+            target=self._apply_loop, name="baton-scheduled-optimizer", daemon=True
+        )
+        self._thread.start()
+        _bt._drainers.add(self)
+
+    # --- hooks (training thread) ---
+
+    def _make_gate_hook(self, slots):
+        def gate_hook(module, inputs):
+            for slot in slots:
+                self._wait_applied(slot)
+            self._raise_if_failed()
+
+        return gate_hook
+
+    def _make_gradient_hook(self, slot):
+        def gradient_hook(*_):
+            self._raise_if_failed()
+            if slot.handle is not None:
+                if slot.iteration == self._iteration:
+                    raise RuntimeError(
+                        "ScheduledOptimizer: parameter %s got a second gradient "
+                        "before step(); call step() after every backward pass "
+                        "(to accumulate gradients over several passes use "
+                        "DistributedOptimizer(backward_passes_per_step=N))" % slot.name[len("Gradient."):]
+                    )
+                self._wait_applied(slot)
+            slot.gate.clear()
+            slot.iteration = self._iteration
+            slot.handle = _bt._push_pull_async_to(slot.param.grad, slot.output, slot.name)
+            with self._cv:
+                self._unreleased.append(slot)
+
+        return gradient_hook
+
+    def _wait_applied(self, slot):
+        """Waits for `slot`'s update when its step() was called already; an
+        update not yet due (no step() since its backward) leaves the
+        parameter as it is, as in plain PyTorch."""
+        if slot.gate.is_set() or slot.iteration == self._iteration:
+            return
+        while not slot.gate.wait(0.5):
+            if not self._thread.is_alive():
+                raise _bt.BatonError(
+                    "ScheduledOptimizer's update thread stopped; "
+                    "parameter %s will not be updated" % slot.name
+                )
+        self._raise_if_failed()
+
+    def _raise_if_failed(self):
+        if self._error is not None:
+            raise self._error
+
+    # --- the optimizer API ---
+
+    def step(self, closure=None):
+        """Ends the iteration: its updates are applied in the background as
+        their push-pulls complete (at step `num_steps`, waits for them)."""
+        if closure is not None:
+            raise ValueError("ScheduledOptimizer.step() takes no closure")
+        self._raise_if_failed()
+        # The hyperparameters of this iteration, before an LR scheduler
+        # changes them for the next one.
+        snapshot = [
+            {k: v for k, v in group.items() if k != "params"}
+            for group in self.optimizer.param_groups
+        ]
+        with self._cv:
+            batch, self._unreleased = self._unreleased, []
+            self._iteration += 1
+            self._submitted += 1
+        self._queue.put((batch, snapshot))
+        if hasattr(self.optimizer, "_step_count"):
+            # What the optimizer's own step() would count for LR schedulers.
+            self.optimizer._step_count += 1
+        if self._iteration == self.num_steps:
+            self.finalize()
+
+    def zero_grad(self, set_to_none=False):
+        """The wrapped optimizer's zero_grad (safe at any time: updates never
+        read p.grad)."""
+        return self.optimizer.zero_grad(set_to_none)
+
+    def finalize(self):
+        """Waits until every update of every step() so far is applied. A
+        backward pass with no step() after it has its push-pulls finished and
+        its gradients left unapplied, as plain PyTorch would."""
+        with self._cv:
+            stray, self._unreleased = self._unreleased, []
+            if stray:
+                self._submitted += 1
+        if stray:
+            self._queue.put((stray, None))
+        with self._cv:
+            while self._finished < self._submitted:
+                if not self._thread.is_alive():
+                    raise _bt.BatonError("ScheduledOptimizer's update thread stopped")
+                self._cv.wait(0.5)
+        self._raise_if_failed()
+
+    def close(self):
+        """finalize(), then stop the update thread and remove the hooks."""
+        try:
+            self.finalize()
+        finally:
+            self._queue.put(None)
+            self._thread.join()
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks = []
+            self._grad_accs = []
+            _bt._drainers.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.finalize()
+        else:
+            try:
+                self.finalize()
+            except BaseException:  # noqa: B902 - the original error wins
+                pass
+        return False
+
+    def __getattr__(self, name):
+        # param_groups, state, state_dict(), add_param_group(), ...
+        if name == "optimizer":
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
+    # --- the update thread ---
+
+    def _apply_loop(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch, snapshot = item
+            # Priority order: what the next forward pass needs first.
+            for slot in sorted(batch, key=lambda s: s.index):
+                try:
+                    _bt.synchronize(slot.handle)
+                    if snapshot is not None and self._error is None:
+                        self._apply(slot, snapshot)
+                except BaseException as e:  # noqa: B902 - raised in the trainer
+                    if self._error is None:
+                        self._error = e
+                finally:
+                    slot.handle = None
+                    slot.gate.set()
+            if self._error is not None:
+                for slot in self._slots.values():
+                    slot.gate.set()
+            with self._cv:
+                self._finished += 1
+                self._cv.notify_all()
+
+    def _apply(self, slot, snapshot):
+        """Runs the optimizer's own step() on this one parameter."""
+        optimizer = self.optimizer
+        alias = slot.param.data  # same storage, its own .grad
+        alias.grad = slot.output
+        group = dict(snapshot[slot.group])
+        group["params"] = [alias]
+        view = object.__new__(type(optimizer))
+        view.__dict__.update(optimizer.__dict__)
+        view.__dict__["param_groups"] = [group]
+        view.__dict__["state"] = _OneParamState(optimizer.state, alias, slot.param)
+        type(optimizer).step(view)

@@ -1,0 +1,554 @@
+// baton::Session against the real product: a coordinator and baton-agent
+// processes on loopback, with the test process's threads as the trainers
+// (one Session per rank, each attached to its node's agent).
+#include "baton/session.h"
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/integration/agent/local_cluster.h"
+
+namespace baton {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+// An upper bound only: nothing below waits this long when baton works.
+constexpr auto kWait = std::chrono::seconds(20);
+
+template <typename T>
+constexpr v1::DataType kDataType = v1::DATA_TYPE_UNSPECIFIED;
+template <>
+constexpr v1::DataType kDataType<float> = v1::DATA_TYPE_FLOAT32;
+template <>
+constexpr v1::DataType kDataType<double> = v1::DATA_TYPE_FLOAT64;
+template <>
+constexpr v1::DataType kDataType<int32_t> = v1::DATA_TYPE_INT32;
+template <>
+constexpr v1::DataType kDataType<int64_t> = v1::DATA_TYPE_INT64;
+template <>
+constexpr v1::DataType kDataType<uint8_t> = v1::DATA_TYPE_UINT8;
+
+// `values` as a Session buffer of `shape` (default: flat).
+template <typename T>
+Buffer BufferOf(std::vector<T>& values, std::vector<int64_t> shape = {}) {
+  if (shape.empty()) shape = {static_cast<int64_t>(values.size())};
+  return Buffer{values.data(), kDataType<T>, std::move(shape)};
+}
+
+// Waits until the operation finished, without delivering its result.
+bool AwaitFinished(const Session& session, const OperationHandle& handle) {
+  const absl::Time deadline = absl::Now() + absl::FromChrono(kWait);
+  while (!session.Poll(handle)) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// Sets environment variables (nullopt: unsets) for the test's scope and
+// restores the previous values.
+class ScopedEnvironment {
+ public:
+  explicit ScopedEnvironment(
+      const std::map<std::string, std::optional<std::string>>& variables) {
+    for (const auto& [name, value] : variables) {
+      const char* previous = std::getenv(name.c_str());
+      previous_[name] = previous == nullptr
+                            ? std::nullopt
+                            : std::optional<std::string>(previous);
+      Set(name, value);
+    }
+  }
+  ~ScopedEnvironment() {
+    for (const auto& [name, value] : previous_) Set(name, value);
+  }
+
+ private:
+  static void Set(const std::string& name,
+                  const std::optional<std::string>& value) {
+    if (value.has_value()) {
+      setenv(name.c_str(), value->c_str(), /*overwrite=*/1);
+    } else {
+      unsetenv(name.c_str());
+    }
+  }
+  std::map<std::string, std::optional<std::string>> previous_;
+};
+
+class SessionTest : public ::testing::Test {
+ protected:
+  // Starts `nodes` agents and job `job` with `local_size` trainers on each:
+  // sessions_ in (node, local rank) order. Init returns once the whole job
+  // is formed, so every trainer initializes at once.
+  void StartJob(const std::string& job, int nodes, int local_size,
+                const std::vector<std::string>& coordinator_flags = {}) {
+    ASSERT_TRUE(cluster_.Start(nodes, coordinator_flags).ok());
+    std::vector<std::future<absl::StatusOr<std::unique_ptr<Session>>>> inits;
+    for (int node = 1; node <= nodes; ++node) {
+      for (int local_rank = 0; local_rank < local_size; ++local_rank) {
+        const ClientOptions options =
+            cluster_.TrainerOptions(node, job, local_rank, local_size, nodes);
+        inits.push_back(std::async(
+            std::launch::async, [options] { return Session::Init(options); }));
+      }
+    }
+    for (auto& init : inits) {
+      absl::StatusOr<std::unique_ptr<Session>> session = init.get();
+      ASSERT_TRUE(session.ok()) << session.status();
+      sessions_.push_back(std::move(*session));
+    }
+    for (const auto& session : sessions_) {
+      ASSERT_EQ(session->size(), nodes * local_size);
+    }
+  }
+
+  // Runs `body` for every session at once, each in its own thread, as the
+  // ranks of a real job would.
+  void OnEveryRank(const std::function<void(size_t, Session&)>& body) {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < sessions_.size(); ++i) {
+      threads.emplace_back([&, i] { body(i, *sessions_[i]); });
+    }
+    for (std::thread& thread : threads) thread.join();
+  }
+
+  LocalCluster cluster_;
+  // Destroyed before the cluster: a session detaches from a live agent.
+  std::vector<std::unique_ptr<Session>> sessions_;
+};
+
+TEST_F(SessionTest, PushPullSumsAndAveragesIntoTheCallersBufferOnSynchronize) {
+  ASSERT_NO_FATAL_FAILURE(StartJob("pushpull", 2, 2));
+  OnEveryRank([](size_t, Session& session) {
+    const int r = session.rank();
+    for (int step = 0; step < 3; ++step) {
+      // float32 alternates sum and mean on the same name; the sums of these
+      // values are exact in every dtype.
+      const bool average_f32 = step % 2 == 1;
+      std::vector<float> f32(6);
+      std::vector<int32_t> i32(5);
+      std::vector<double> f64(4);
+      for (size_t i = 0; i < f32.size(); ++i) f32[i] = r + 0.5f * i + step;
+      for (size_t i = 0; i < i32.size(); ++i) {
+        i32[i] = (r + 1) * (static_cast<int32_t>(i) + 1) * 1000 *
+                 (i % 2 == 0 ? 1 : -1) * (step + 1);
+      }
+      for (size_t i = 0; i < f64.size(); ++i) f64[i] = 0.25 * r + i - step;
+      const std::vector<float> f32_in = f32;
+      const std::vector<int32_t> i32_in = i32;
+      const std::vector<double> f64_in = f64;
+
+      auto hf32 =
+          session.PushPullAsync("f32", BufferOf(f32, {2, 3}), average_f32);
+      auto hi32 = session.PushPullAsync("i32", BufferOf(i32), false);
+      auto hf64 = session.PushPullAsync("f64", BufferOf(f64), true);
+      ASSERT_TRUE(hf32.ok()) << hf32.status();
+      ASSERT_TRUE(hi32.ok()) << hi32.status();
+      ASSERT_TRUE(hf64.ok()) << hf64.status();
+      for (const OperationHandle* h : {&*hf32, &*hi32, &*hf64}) {
+        ASSERT_TRUE(AwaitFinished(session, *h)) << "step " << step;
+      }
+      // Finished, not yet synchronized: the buffers still hold the input.
+      EXPECT_EQ(f32, f32_in);
+      EXPECT_EQ(i32, i32_in);
+      EXPECT_EQ(f64, f64_in);
+
+      ASSERT_TRUE(session.Synchronize(*hf32).ok());
+      ASSERT_TRUE(session.Synchronize(*hi32).ok());
+      ASSERT_TRUE(session.Synchronize(*hf64).ok());
+      // Ranks 0..3: the rank sum is 6, its mean 1.5.
+      std::vector<float> f32_want(f32.size());
+      for (size_t i = 0; i < f32.size(); ++i) {
+        const float sum = 6 + 4 * (0.5f * i + step);
+        f32_want[i] = average_f32 ? sum / 4 : sum;
+      }
+      std::vector<int32_t> i32_want(i32.size());
+      for (size_t i = 0; i < i32.size(); ++i) {
+        i32_want[i] = 10 * (static_cast<int32_t>(i) + 1) * 1000 *
+                      (i % 2 == 0 ? 1 : -1) * (step + 1);
+      }
+      std::vector<double> f64_want(f64.size());
+      for (size_t i = 0; i < f64.size(); ++i) {
+        f64_want[i] = 0.25 * 1.5 + i - step;
+      }
+      EXPECT_THAT(f32, ElementsAreArray(f32_want)) << "step " << step;
+      EXPECT_THAT(i32, ElementsAreArray(i32_want)) << "step " << step;
+      EXPECT_THAT(f64, ElementsAreArray(f64_want)) << "step " << step;
+    }
+  });
+}
+
+TEST_F(SessionTest, BroadcastGivesEveryRankTheRootsExactBytes) {
+  ASSERT_NO_FATAL_FAILURE(StartJob("broadcast", 2, 2));
+  // Different on every rank and root, and not all valid numbers.
+  const auto fill = [](std::vector<uint8_t>& bytes, int rank, int salt) {
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      bytes[i] = static_cast<uint8_t>(rank * 67 + salt * 13 + i * 7);
+    }
+  };
+  const auto bytes_of = [](const auto& values) {
+    const auto* begin = reinterpret_cast<const uint8_t*>(values.data());
+    return std::vector<uint8_t>(begin,
+                                begin + values.size() * sizeof(values[0]));
+  };
+  OnEveryRank([&](size_t, Session& session) {
+    const int r = session.rank();
+    // Root 3, then root 0, on the same name.
+    for (int root : {3, 0}) {
+      std::vector<uint8_t> bytes(37);
+      fill(bytes, r, root);
+      ASSERT_TRUE(session.Broadcast("bytes", BufferOf(bytes), root).ok());
+      std::vector<uint8_t> want(bytes.size());
+      fill(want, root, root);
+      EXPECT_EQ(bytes, want) << "root " << root;
+    }
+
+    // Parameters: float32 [3,4], a NaN among them, and int64 [5], from
+    // root 2 and then root 1.
+    for (int root : {2, 1}) {
+      std::vector<uint8_t> w_bytes(12 * sizeof(float));
+      std::vector<uint8_t> b_bytes(5 * sizeof(int64_t));
+      fill(w_bytes, r, root);
+      fill(b_bytes, r, root + 100);
+      std::vector<float> w(12);
+      std::vector<int64_t> b(5);
+      std::memcpy(w.data(), w_bytes.data(), w_bytes.size());
+      std::memcpy(b.data(), b_bytes.data(), b_bytes.size());
+      w[0] = std::numeric_limits<float>::quiet_NaN();
+      absl::Status status = session.BroadcastParameters(
+          {{"w", BufferOf(w, {3, 4})}, {"b", BufferOf(b)}}, root);
+      ASSERT_TRUE(status.ok()) << status;
+      std::vector<uint8_t> w_want(w_bytes.size());
+      std::vector<uint8_t> b_want(b_bytes.size());
+      fill(w_want, root, root);
+      fill(b_want, root, root + 100);
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::memcpy(w_want.data(), &nan, sizeof(nan));
+      EXPECT_EQ(bytes_of(w), w_want) << "root " << root;
+      EXPECT_EQ(bytes_of(b), b_want) << "root " << root;
+    }
+    // The parameters are the tensors "Parameter.<name>".
+    EXPECT_TRUE(session
+                    .DeclareTensor("Parameter.w", v1::DATA_TYPE_FLOAT32, {3, 4},
+                                   v1::COLLECTIVE_OP_BROADCAST)
+                    .ok());
+    absl::Status other = session.DeclareTensor(
+        "Parameter.b", v1::DATA_TYPE_FLOAT32, {5}, v1::COLLECTIVE_OP_BROADCAST);
+    EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(other.message(), HasSubstr("DATA_TYPE_INT64[5]"));
+  });
+}
+
+TEST_F(SessionTest, MisuseIsRefusedNamingTheTensorAndWhatToDo) {
+  ASSERT_NO_FATAL_FAILURE(StartJob("misuse", 1, 1));
+  Session& session = *sessions_[0];
+  std::vector<float> g = {1, 2, 3, 4};
+  auto first = session.PushPullAsync("g", BufferOf(g), false);
+  ASSERT_TRUE(first.ok()) << first.status();
+
+  auto second = session.PushPullAsync("g", BufferOf(g), false);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(),
+              AllOf(HasSubstr("\"g\" already has an operation in flight"),
+                    HasSubstr("step 0"), HasSubstr("synchronize it")));
+  ASSERT_TRUE(session.Synchronize(*first).ok());
+  EXPECT_EQ(g, (std::vector<float>{1, 2, 3, 4}));
+  // Synchronizing again returns the same status and copies nothing.
+  g[0] = 42;
+  EXPECT_TRUE(session.Synchronize(*first).ok());
+  EXPECT_EQ(g[0], 42);
+
+  const std::string declared = "DATA_TYPE_FLOAT32[4] COLLECTIVE_OP_PUSH_PULL";
+  std::vector<int32_t> as_int(4);
+  auto other_dtype = session.PushPullAsync("g", BufferOf(as_int), false);
+  EXPECT_EQ(other_dtype.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other_dtype.status().message(),
+              AllOf(HasSubstr("tensor \"g\""), HasSubstr(declared),
+                    HasSubstr("DATA_TYPE_INT32[4] COLLECTIVE_OP_PUSH_PULL"),
+                    HasSubstr("use another name")));
+  auto other_shape = session.PushPullAsync("g", BufferOf(g, {2, 2}), false);
+  EXPECT_EQ(other_shape.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other_shape.status().message(),
+              AllOf(HasSubstr(declared), HasSubstr("DATA_TYPE_FLOAT32[2,2]")));
+  auto other_op = session.BroadcastAsync("g", BufferOf(g), 0);
+  EXPECT_EQ(other_op.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other_op.status().message(),
+              AllOf(HasSubstr(declared),
+                    HasSubstr("DATA_TYPE_FLOAT32[4] COLLECTIVE_OP_BROADCAST")));
+  absl::Status redeclared = session.DeclareTensor(
+      "g", v1::DATA_TYPE_FLOAT64, {4}, v1::COLLECTIVE_OP_PUSH_PULL);
+  EXPECT_EQ(redeclared.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(redeclared.message(),
+              AllOf(HasSubstr(declared), HasSubstr("DATA_TYPE_FLOAT64[4]")));
+
+  auto null_data = session.PushPullAsync(
+      "n", Buffer{nullptr, v1::DATA_TYPE_FLOAT32, {4}}, false);
+  EXPECT_EQ(null_data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(null_data.status().message(),
+              AllOf(HasSubstr("\"n\""), HasSubstr("data is null")));
+  for (int32_t root : {1, -1}) {
+    auto bad_root = session.BroadcastAsync("p", BufferOf(g), root);
+    EXPECT_EQ(bad_root.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(
+        bad_root.status().message(),
+        AllOf(HasSubstr("\"p\""), HasSubstr(absl::StrCat("root rank ", root)),
+              HasSubstr("ranks 0..0")));
+  }
+  auto no_dtype = session.PushPullAsync(
+      "u", Buffer{g.data(), v1::DATA_TYPE_UNSPECIFIED, {4}}, false);
+  EXPECT_EQ(no_dtype.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_dtype.status().message(), HasSubstr("unsupported dtype"));
+  EXPECT_EQ(session.Synchronize(nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // None of that disturbed "g": its next step runs.
+  g = {5, 6, 7, 8};
+  EXPECT_TRUE(session.PushPull("g", BufferOf(g), true).ok());
+  EXPECT_EQ(g, (std::vector<float>{5, 6, 7, 8}));
+}
+
+TEST_F(SessionTest, SynchronizeTimesOutWhileARankLagsThenDelivers) {
+  ASSERT_NO_FATAL_FAILURE(StartJob("lag", 2, 1));
+  Session& early = *sessions_[0];
+  Session& late = *sessions_[1];
+  std::vector<int64_t> a = {1, 2, 3};
+  std::vector<int64_t> b = {10, 20, 30};
+  auto early_handle = early.PushPullAsync("g", BufferOf(a), false);
+  ASSERT_TRUE(early_handle.ok()) << early_handle.status();
+
+  const absl::Time start = absl::Now();
+  absl::Status status =
+      early.Synchronize(*early_handle, std::chrono::milliseconds(200));
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("tensor \"g\" step 0"),
+                    HasSubstr("did not complete within 200 ms"),
+                    HasSubstr("still in flight")));
+  EXPECT_GE(waited, absl::Milliseconds(200));
+  EXPECT_LT(waited, absl::Seconds(5));
+  EXPECT_FALSE(early.Poll(*early_handle));
+  EXPECT_EQ(a, (std::vector<int64_t>{1, 2, 3}));
+  // Still in flight: the name takes no second operation.
+  EXPECT_EQ(early.PushPullAsync("g", BufferOf(a), false).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  auto late_handle = late.PushPullAsync("g", BufferOf(b), false);
+  ASSERT_TRUE(late_handle.ok()) << late_handle.status();
+  EXPECT_TRUE(late.Synchronize(*late_handle, kWait).ok());
+  EXPECT_TRUE(early.Synchronize(*early_handle, kWait).ok());
+  EXPECT_EQ(a, (std::vector<int64_t>{11, 22, 33}));
+  EXPECT_EQ(b, (std::vector<int64_t>{11, 22, 33}));
+}
+
+TEST_F(SessionTest, KilledAgentFailsEveryOperationInFlightNamingTheCause) {
+  // The coordinator hears of the kill when the agent's stream resets; at
+  // the latest after 1 s of silence instead of 6.
+  ASSERT_NO_FATAL_FAILURE(
+      StartJob("kill", 2, 2,
+               {"--heartbeat_interval_ms=200", "--liveness_timeout_ms=1000"}));
+  std::vector<std::vector<float>> data(sessions_.size(),
+                                       std::vector<float>(1024, 1.0f));
+  OnEveryRank([&](size_t i, Session& session) {
+    EXPECT_TRUE(session.PushPull("g", BufferOf(data[i]), false).ok());
+  });
+  // Step 1: every rank but the last one (node 2, local rank 1) enqueues,
+  // so nothing can complete before node 2's agent dies.
+  std::vector<OperationHandle> in_flight;
+  for (size_t i = 0; i + 1 < sessions_.size(); ++i) {
+    auto handle = sessions_[i]->PushPullAsync("g", BufferOf(data[i]), false);
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    in_flight.push_back(*handle);
+  }
+  const absl::Time killed = absl::Now();
+  cluster_.agent(2).Kill();
+
+  std::vector<absl::Status> outcomes(sessions_.size());
+  std::vector<absl::Duration> took(sessions_.size());
+  OnEveryRank([&](size_t i, Session& session) {
+    if (i < in_flight.size()) {
+      outcomes[i] = session.Synchronize(in_flight[i], kWait);
+    } else {
+      // The rank that had not enqueued yet does so after the kill.
+      auto handle = session.PushPullAsync("g", BufferOf(data[i]), false);
+      outcomes[i] =
+          handle.ok() ? session.Synchronize(*handle, kWait) : handle.status();
+    }
+    took[i] = absl::Now() - killed;
+  });
+  for (size_t i = 0; i < sessions_.size(); ++i) {
+    const bool killed_node = i >= 2;
+    SCOPED_TRACE(absl::StrCat("trainer ", i, " on node ", killed_node ? 2 : 1,
+                              ": ", outcomes[i].ToString()));
+    // Survivors hear which node was lost; the dead agent's trainers that
+    // their agent is gone.
+    if (killed_node) {
+      EXPECT_EQ(outcomes[i].code(), absl::StatusCode::kUnavailable);
+      EXPECT_THAT(outcomes[i].message(),
+                  AllOf(HasSubstr(absl::StrCat("the session with the baton "
+                                               "agent on ",
+                                               cluster_.socket(2))),
+                        HasSubstr("restart the trainer")));
+    } else {
+      EXPECT_EQ(outcomes[i].code(), absl::StatusCode::kAborted);
+      EXPECT_THAT(outcomes[i].message(), HasSubstr("node n2"));
+    }
+    // At most the liveness timeout (1 s) and a few ticks, with margin.
+    EXPECT_LT(took[i], absl::Seconds(5));
+    EXPECT_EQ(data[i], std::vector<float>(1024, 1.0f * 4));
+  }
+}
+
+TEST_F(SessionTest, ShutdownDrainsOperationsInFlight) {
+  ASSERT_NO_FATAL_FAILURE(StartJob("drain", 2, 2));
+  OnEveryRank([](size_t, Session& session) {
+    const int rank = session.rank();
+    std::vector<float> a(64, static_cast<float>(rank));
+    std::vector<int64_t> b(8, int64_t{1} << (8 * rank));
+    auto ha = session.PushPullAsync("a", BufferOf(a), true);
+    auto hb = session.PushPullAsync("b", BufferOf(b), false);
+    ASSERT_TRUE(ha.ok() && hb.ok());
+    // Returns once every rank's operations ran.
+    EXPECT_TRUE(session.Shutdown().ok());
+    EXPECT_TRUE(session.Poll(*ha));
+    EXPECT_TRUE(session.Poll(*hb));
+    // The results are still delivered by Synchronize.
+    EXPECT_TRUE(session.Synchronize(*ha).ok());
+    EXPECT_TRUE(session.Synchronize(*hb).ok());
+    EXPECT_EQ(a, std::vector<float>(64, 1.5f));
+    EXPECT_EQ(b, std::vector<int64_t>(8, 0x01010101));
+    auto after = session.PushPullAsync("a", BufferOf(a), true);
+    EXPECT_EQ(after.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(after.status().message(), HasSubstr("shut down"));
+    EXPECT_EQ(session.rank(), rank);
+    EXPECT_EQ(session.size(), 4);
+  });
+}
+
+TEST_F(SessionTest, ShutdownAbandonsWhatCannotDrainAndSaysHowMuch) {
+  ASSERT_NO_FATAL_FAILURE(StartJob("abandon", 2, 2));
+  // Trainers 0..2 enqueue "g" and "h"; trainer 3 never does, so nothing
+  // can drain. Trainer 0 shuts down; 1 (its node) and 2 (the other node)
+  // wait.
+  const size_t leaver = 0;
+  const size_t waiting = sessions_.size() - 1;
+  std::vector<std::vector<float>> g(waiting, std::vector<float>(16, 1.0f));
+  std::vector<std::vector<float>> h(waiting, std::vector<float>(4, 2.0f));
+  std::vector<OperationHandle> hg;
+  std::vector<OperationHandle> hh;
+  for (size_t i = 0; i < waiting; ++i) {
+    auto started_g = sessions_[i]->PushPullAsync("g", BufferOf(g[i]), false);
+    auto started_h = sessions_[i]->PushPullAsync("h", BufferOf(h[i]), false);
+    ASSERT_TRUE(started_g.ok() && started_h.ok());
+    hg.push_back(*started_g);
+    hh.push_back(*started_h);
+  }
+
+  Session& session = *sessions_[leaver];
+  const int32_t rank = session.rank();
+  const absl::Time start = absl::Now();
+  absl::Status status = session.Shutdown(std::chrono::milliseconds(500));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("2 operation(s) still in flight after 500 ms"),
+                    HasSubstr("tensor \"g\" step 0")));
+  EXPECT_GE(took, absl::Milliseconds(500));
+  EXPECT_LT(took, absl::Seconds(2));
+
+  // The abandoned operations are finished, failed, and wrote nothing.
+  EXPECT_TRUE(session.Poll(hg[leaver]));
+  EXPECT_TRUE(session.Poll(hh[leaver]));
+  absl::Status abandoned = session.Synchronize(hg[leaver]);
+  EXPECT_EQ(abandoned.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(abandoned.message(), HasSubstr("abandoned"));
+  EXPECT_EQ(session.Synchronize(hh[leaver]).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(g[leaver], std::vector<float>(16, 1.0f));
+  EXPECT_EQ(h[leaver], std::vector<float>(4, 2.0f));
+
+  absl::Status again = session.Shutdown();
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.message(), HasSubstr("shut down"));
+  EXPECT_EQ(
+      session.PushPullAsync("g", BufferOf(g[leaver]), false).status().code(),
+      absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(session.rank(), rank);
+  EXPECT_EQ(session.size(), 4);
+
+  // A trainer that left with work unfinished fails the job: the others'
+  // operations fail naming it, instead of waiting for it.
+  for (size_t i = leaver + 1; i < waiting; ++i) {
+    for (const OperationHandle& handle : {hg[i], hh[i]}) {
+      absl::Status failed = sessions_[i]->Synchronize(handle, kWait);
+      EXPECT_EQ(failed.code(), absl::StatusCode::kAborted) << failed;
+      EXPECT_THAT(failed.message(), AllOf(HasSubstr("trainer local rank 0"),
+                                          HasSubstr("on node n1")));
+    }
+    EXPECT_EQ(g[i], std::vector<float>(16, 1.0f));
+  }
+}
+
+TEST_F(SessionTest, InitFromTheEnvironmentChecksTheLaunchersRankAndSize) {
+  ASSERT_TRUE(cluster_.Start(1).ok());
+  const auto launch = [&](const std::string& job, const char* rank,
+                          const char* world_size) {
+    ScopedEnvironment environment({
+        {"BATON_AGENT_SOCKET", cluster_.socket(1)},
+        {"BATON_JOB", job},
+        {"BATON_NODES", "1"},
+        {"LOCAL_RANK", "0"},
+        {"LOCAL_WORLD_SIZE", "1"},
+        {"RANK", rank == nullptr ? std::optional<std::string>()
+                                 : std::optional<std::string>(rank)},
+        {"WORLD_SIZE", std::string(world_size)},
+        {"BATON_MIN_NODES", std::nullopt},
+        {"BATON_PARTITION_BYTES", std::nullopt},
+        {"BATON_SCHEDULING", std::nullopt},
+        {"BATON_SHM_CHANNEL", std::nullopt},
+    });
+    return Session::Init();
+  };
+
+  auto wrong_rank = launch("wrong-rank", "1", "1");
+  EXPECT_EQ(wrong_rank.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong_rank.status().message(),
+              AllOf(HasSubstr("set RANK=1"), HasSubstr("assigned 0"),
+                    HasSubstr("unset RANK")));
+  auto wrong_size = launch("wrong-size", "0", "2");
+  EXPECT_EQ(wrong_size.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(wrong_size.status().message(),
+              AllOf(HasSubstr("set WORLD_SIZE=2"), HasSubstr("assigned 1")));
+  auto not_a_number = launch("nan-rank", "first", "1");
+  EXPECT_EQ(not_a_number.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(not_a_number.status().message(), HasSubstr("RANK=\"first\""));
+
+  auto consistent = launch("consistent", "0", "1");
+  ASSERT_TRUE(consistent.ok()) << consistent.status();
+  EXPECT_EQ((*consistent)->rank(), 0);
+  EXPECT_EQ((*consistent)->size(), 1);
+  EXPECT_TRUE((*consistent)->Shutdown().ok());
+  auto without_rank = launch("no-rank", nullptr, "1");
+  ASSERT_TRUE(without_rank.ok()) << without_rank.status();
+  EXPECT_TRUE((*without_rank)->Shutdown().ok());
+}
+
+}  // namespace
+}  // namespace baton

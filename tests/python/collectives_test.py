@@ -1,0 +1,167 @@
+"""baton.torch's collectives with real values, on every rank of a job started
+by batonrun (see tests/python/CMakeLists.txt)."""
+
+import sys
+
+import torch
+
+import baton
+import baton.torch as bt
+from harness import run_tests
+
+
+def rank_tensor(dtype, shape=(5, 3)):
+    """Rank r holds r+1 everywhere; element i adds i (so order matters)."""
+    n = 1
+    for d in shape:
+        n *= d
+    return (torch.arange(n) + bt.rank() + 1).reshape(shape).to(dtype)
+
+
+def expected_sum(dtype, shape=(5, 3)):
+    n = 1
+    for d in shape:
+        n *= d
+    ranks = bt.size()
+    return (torch.arange(n) * ranks + ranks * (ranks + 1) // 2).reshape(shape).to(dtype)
+
+
+def test_identity():
+    assert 0 <= bt.rank() < bt.size(), (bt.rank(), bt.size())
+    assert 0 <= bt.local_rank() < bt.local_size(), (bt.local_rank(), bt.local_size())
+    assert bt.size() == 4 and bt.local_size() == 2, (bt.size(), bt.local_size())
+
+
+def test_push_pull_sums_and_averages():
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16):
+        t = rank_tensor(dtype)
+        out = bt.push_pull(t, average=False, name="sum.%s" % dtype)
+        assert out is t, "push_pull works in place"
+        assert torch.equal(t, expected_sum(dtype)), (dtype, t)
+    t = rank_tensor(torch.float64)
+    bt.push_pull(t, average=True, name="mean")
+    assert torch.allclose(t, expected_sum(torch.float64) / bt.size()), t
+    # Steps repeat on the same name.
+    for step in range(3):
+        t = torch.full((4,), float(bt.rank() + step))
+        bt.push_pull(t, name="mean.repeated")
+        want = sum(r + step for r in range(bt.size())) / bt.size()
+        assert torch.allclose(t, torch.full((4,), want)), (step, t)
+
+
+def test_push_pull_async_delivers_only_at_synchronize():
+    t = rank_tensor(torch.float32)
+    before = t.clone()
+    handle = bt.push_pull_async(t, average=False, name="async")
+    while not bt.poll(handle):
+        pass
+    assert torch.equal(t, before), "the result lands in the tensor at synchronize()"
+    assert bt.synchronize(handle) is t
+    assert torch.equal(t, expected_sum(torch.float32))
+    try:
+        bt.synchronize(handle)
+    except ValueError as e:
+        assert "unknown baton handle" in str(e), str(e)
+    else:
+        raise AssertionError("a handle was synchronized twice")
+
+
+def test_unnamed_and_non_contiguous_tensors():
+    a = rank_tensor(torch.float32, (3, 4)).t()  # not contiguous
+    b = rank_tensor(torch.float32, (3, 4)).t()
+    ha = bt.push_pull_async(a, average=False)
+    hb = bt.push_pull_async(b, average=False)  # same shape, in flight together
+    bt.synchronize(hb)
+    bt.synchronize(ha)
+    want = expected_sum(torch.float32, (3, 4)).t()
+    assert torch.equal(a, want) and torch.equal(b, want), (a, b)
+
+
+def test_bad_tensors_are_refused_with_the_reason():
+    for bad, text in [
+        (torch.zeros(2, dtype=torch.complex64), "has dtype"),
+        ([1.0, 2.0], "must be a torch.Tensor"),
+    ]:
+        try:
+            bt.push_pull(bad, name="bad")
+        except ValueError as e:
+            assert text in str(e), str(e)
+        else:
+            raise AssertionError("push_pull accepted %r" % (bad,))
+    bt.push_pull(torch.zeros(3), name="shape.fixed")
+    try:
+        bt.push_pull(torch.zeros(4), name="shape.fixed")
+    except ValueError as e:
+        assert "was declared as DATA_TYPE_FLOAT32[3]" in str(e), str(e)
+    else:
+        raise AssertionError("a name changed its shape")
+
+
+def make_model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, 2))
+
+
+def assert_like_root(model, root_model, what):
+    for (name, mine), (_, theirs) in zip(model.state_dict().items(), root_model.state_dict().items()):
+        assert torch.equal(mine, theirs), "%s: %s differs from the root's" % (what, name)
+
+
+def test_broadcast_parameters_dict():
+    root = 1
+    model = make_model(100 + bt.rank())  # different everywhere
+    bt.broadcast_parameters(model.state_dict(), root_rank=root)
+    assert_like_root(model, make_model(100 + root), "state_dict")
+
+
+def test_broadcast_parameters_list_of_tuples_and_of_tensors():
+    model = make_model(200 + bt.rank())
+    bt.broadcast_parameters(list(model.named_parameters()), root_rank=0)
+    expected = make_model(200)
+    for (name, p), q in zip(model.named_parameters(), expected.parameters()):
+        assert torch.equal(p.detach(), q.detach()), "named list: %s" % name
+    tensors = [torch.full((3,), float(bt.rank())), torch.full((2, 2), bt.rank() * 10.0)]
+    bt.broadcast_parameters(tensors, root_rank=2)
+    assert torch.equal(tensors[0], torch.full((3,), 2.0)), tensors[0]
+    assert torch.equal(tensors[1], torch.full((2, 2), 20.0)), tensors[1]
+
+
+def test_broadcast_parameters_refuses_other_types():
+    for bad in (torch.zeros(3), ("a", torch.zeros(1)), 7):
+        try:
+            bt.broadcast_parameters(bad, root_rank=0)
+        except ValueError as e:
+            assert str(e) == "invalid params of type: %s" % type(bad), str(e)
+        else:
+            raise AssertionError("broadcast_parameters accepted %r" % (bad,))
+
+
+def test_broadcast_optimizer_state():
+    model = make_model(300)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01 * (bt.rank() + 1))
+    # Different state everywhere: each rank steps a different number of times.
+    for _ in range(bt.rank() + 1):
+        model(torch.randn(4, 4)).sum().backward()
+        optimizer.step()
+    bt.broadcast_optimizer_state(optimizer, root_rank=0)
+    state = optimizer.state_dict()
+    assert state["param_groups"][0]["lr"] == 0.01, state["param_groups"]
+    for index, s in state["state"].items():
+        assert int(s["step"]) == 1, (index, s["step"])
+        root = s["exp_avg"].clone()
+        bt.broadcast(root, 0, "Check.exp_avg.%d" % index)
+        assert torch.equal(s["exp_avg"], root), index
+
+
+def test_errors_carry_codes():
+    assert issubclass(baton.BatonError, RuntimeError)
+    try:
+        bt.broadcast(torch.zeros(1), root_rank=bt.size(), name="root.out.of.range")
+    except ValueError as e:
+        assert "root rank %d is outside" % bt.size() in str(e), str(e)
+    else:
+        raise AssertionError("a root rank outside the job was accepted")
+
+
+if __name__ == "__main__":
+    sys.exit(run_tests(globals()))

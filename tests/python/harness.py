@@ -1,0 +1,28 @@
+"""Runs a test module's test_* functions, in the order they are defined, on
+every rank of a job started by batonrun. All ranks run the same sequence (the
+tests use collectives), so the first failure ends this rank with a non-zero
+exit and batonrun stops the others."""
+
+import time
+import traceback
+
+import torch
+
+import baton.torch as bt
+
+
+def run_tests(namespace):
+    torch.set_num_threads(1)
+    bt.init()
+    tests = [(name, f) for name, f in namespace.items() if name.startswith("test_") and callable(f)]
+    for name, test in tests:
+        start = time.monotonic()
+        try:
+            test()
+        except BaseException:
+            print("FAILED %s on rank %d:\n%s" % (name, bt.rank(), traceback.format_exc()), flush=True)
+            return 1
+        if bt.rank() == 0:
+            print("ok %s (%.2f s)" % (name, time.monotonic() - start), flush=True)
+    bt.shutdown()
+    return 0

@@ -1,0 +1,232 @@
+"""ScheduledOptimizer and DistributedOptimizer against a single-process
+reference. Run on every rank of a job by batonrun (see
+tests/python/CMakeLists.txt): each rank trains on its own batches, and its
+parameters must equal one process training on the union of all ranks'
+batches with the same optimizer."""
+
+import sys
+
+import torch
+
+import baton.torch as bt
+from harness import run_tests
+
+STEPS = 6
+BATCH = 8
+
+
+class Net(torch.nn.Module):
+    """Owns a parameter directly and through children, as real models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(16))
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh())
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.body(x) * self.scale)
+
+
+def make_model():
+    torch.manual_seed(7)
+    return Net()
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(BATCH, 8, generator=g)
+    y = torch.randn(BATCH, 4, generator=g)
+    return x, y
+
+
+def loss_fn(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def reference(make_optimizer, steps, with_scheduler=False):
+    """One process, every rank's batch each step."""
+    model = make_model()
+    optimizer = make_optimizer(model)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 2, 0.5) if with_scheduler else None
+    for step in range(steps):
+        xs, ys = zip(*(batch(step, r) for r in range(bt.size())))
+        optimizer.zero_grad()
+        loss_fn(model, torch.cat(xs), torch.cat(ys)).backward()
+        optimizer.step()
+        if scheduler:
+            scheduler.step()
+    return model
+
+
+def assert_same(model, expected, what):
+    for (name, p), q in zip(model.named_parameters(), expected.parameters()):
+        diff = (p.detach() - q.detach()).norm() / q.detach().norm()
+        assert diff <= 1e-5, "%s: parameter %s differs from the reference by %.3g (relative)" % (
+            what,
+            name,
+            diff,
+        )
+    # And the job agrees: rank 0's values reach every rank bit for bit.
+    for name, p in model.named_parameters():
+        mine = p.detach().clone()
+        root = p.detach().clone()
+        bt.broadcast(root, 0, "Check." + name)
+        assert torch.equal(mine, root), "%s: rank %d's %s differs from rank 0's" % (
+            what,
+            bt.rank(),
+            name,
+        )
+
+
+def train_scheduled(make_optimizer, num_steps, steps, with_scheduler=False, use_with=False):
+    model = make_model()
+    inner = make_optimizer(model)
+    scheduler = torch.optim.lr_scheduler.StepLR(inner, 2, 0.5) if with_scheduler else None
+    optimizer = bt.ScheduledOptimizer(model, inner, num_steps=num_steps)
+
+    def loop():
+        for step in range(steps):
+            x, y = batch(step, bt.rank())
+            optimizer.zero_grad()
+            loss_fn(model, x, y).backward()
+            optimizer.step()
+            if scheduler:
+                scheduler.step()
+
+    if use_with:
+        with optimizer:
+            loop()
+    else:
+        loop()
+        optimizer.finalize()
+    optimizer.close()
+    return model
+
+
+def sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+
+
+def adam(model):
+    return torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def test_scheduled_sgd_momentum_matches_union_training():
+    model = train_scheduled(sgd, STEPS, STEPS, with_scheduler=True)
+    assert_same(model, reference(sgd, STEPS, with_scheduler=True), "SGD momentum")
+
+
+def test_scheduled_adam_matches_union_training():
+    model = train_scheduled(adam, STEPS, STEPS)
+    assert_same(model, reference(adam, STEPS), "Adam")
+
+
+def test_num_steps_larger_than_the_real_count_finishes_with_every_update():
+    model = train_scheduled(adam, 10 * STEPS, STEPS, use_with=True)
+    assert_same(model, reference(adam, STEPS), "num_steps too large")
+
+
+def test_num_steps_smaller_than_the_real_count_finishes_with_every_update():
+    model = train_scheduled(sgd, STEPS // 2, STEPS)
+    assert_same(model, reference(sgd, STEPS), "num_steps too small")
+
+
+def test_every_module_owning_parameters_is_gated():
+    model = make_model()
+    optimizer = bt.ScheduledOptimizer(model, sgd(model))
+    gated = {name for name, m in model.named_modules() if m._forward_pre_hooks}
+    optimizer.close()
+    assert gated == {"", "body.0", "head"}, "gated modules: %s" % sorted(gated)
+
+
+def test_second_backward_before_step_is_refused():
+    model = make_model()
+    optimizer = bt.ScheduledOptimizer(model, sgd(model))
+    x, y = batch(0, bt.rank())
+    loss_fn(model, x, y).backward()
+    try:
+        loss_fn(model, x, y).backward()
+    except RuntimeError as e:
+        assert "second gradient before step()" in str(e), str(e)
+    else:
+        raise AssertionError("a second backward before step() was accepted")
+    # Nothing was applied; finalize drains the first backward's push-pulls.
+    optimizer.finalize()
+    optimizer.close()
+    assert_same(model, make_model(), "no step")
+
+
+def test_distributed_optimizer_matches_union_training():
+    model = make_model()
+    optimizer = bt.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    assert isinstance(optimizer, torch.optim.SGD)
+    for step in range(STEPS):
+        x, y = batch(step, bt.rank())
+        optimizer.zero_grad()
+        loss_fn(model, x, y).backward()
+        optimizer.step()
+    assert_same(model, reference(sgd, STEPS), "DistributedOptimizer")
+
+
+def test_distributed_optimizer_synchronize_then_clip_then_step():
+    model = make_model()
+    optimizer = bt.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    expected = make_model()
+    ref = sgd(expected)
+    for step in range(STEPS):
+        x, y = batch(step, bt.rank())
+        optimizer.zero_grad()
+        loss_fn(model, x, y).backward()
+        optimizer.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        optimizer.step()
+        xs, ys = zip(*(batch(step, r) for r in range(bt.size())))
+        ref.zero_grad()
+        loss_fn(expected, torch.cat(xs), torch.cat(ys)).backward()
+        torch.nn.utils.clip_grad_norm_(expected.parameters(), 0.05)
+        ref.step()
+    assert_same(model, expected, "synchronize, clip, step")
+
+
+def test_distributed_optimizer_accumulates_backward_passes():
+    model = make_model()
+    optimizer = bt.DistributedOptimizer(
+        adam(model), named_parameters=model.named_parameters(), backward_passes_per_step=2
+    )
+    for step in range(STEPS // 2):
+        optimizer.zero_grad()
+        for half in range(2):
+            x, y = batch(2 * step + half, bt.rank())
+            (loss_fn(model, x, y) / 2).backward()
+        optimizer.step()
+
+    # The reference sees both halves of each step at once.
+    expected = make_model()
+    ref = adam(expected)
+    for step in range(STEPS // 2):
+        ref.zero_grad()
+        for half in range(2):
+            xs, ys = zip(*(batch(2 * step + half, r) for r in range(bt.size())))
+            (loss_fn(expected, torch.cat(xs), torch.cat(ys)) / 2).backward()
+        ref.step()
+    assert_same(model, expected, "backward_passes_per_step=2")
+
+
+def test_distributed_optimizer_refuses_bad_names():
+    model = make_model()
+    named = list(model.named_parameters())
+    for bad, text in [
+        (named[:1], "does not name every parameter"),
+        ([named[0], ("scale", named[1][1])] + named[2:], "duplicate names"),
+    ]:
+        try:
+            bt.DistributedOptimizer(sgd(model), named_parameters=bad)
+        except ValueError as e:
+            assert text in str(e), str(e)
+        else:
+            raise AssertionError("DistributedOptimizer accepted %s" % text)
+
+
+if __name__ == "__main__":
+    sys.exit(run_tests(globals()))
