@@ -66,6 +66,30 @@ def test_push_pull_async_delivers_only_at_synchronize():
         raise AssertionError("a handle was synchronized twice")
 
 
+def test_synchronize_times_out_while_a_rank_lags_then_delivers():
+    t = torch.full((3,), float(bt.rank()))
+    release = torch.zeros(1)
+    # The ranks use the names in different orders below: declare them first.
+    bt.declare("lag", t)
+    bt.declare("release", release, op="broadcast")
+    if bt.rank() == 0:
+        handle = bt.push_pull_async(t, average=False, name="lag")
+        try:
+            bt.synchronize(handle, timeout=0.2)
+        except TimeoutError as e:
+            assert "still in flight" in str(e), str(e)
+        else:
+            raise AssertionError("synchronize returned while the other ranks had not started")
+        assert torch.equal(t, torch.zeros(3)), "a timed-out synchronize leaves the tensor alone"
+        bt.broadcast(release, 0, "release")  # now the others start
+        bt.synchronize(handle)
+    else:
+        bt.broadcast(release, 0, "release")
+        bt.push_pull(t, average=False, name="lag")
+    want = float(sum(range(bt.size())))
+    assert torch.equal(t, torch.full((3,), want)), t
+
+
 def test_unnamed_and_non_contiguous_tensors():
     a = rank_tensor(torch.float32, (3, 4)).t()  # not contiguous
     b = rank_tensor(torch.float32, (3, 4)).t()
@@ -151,6 +175,25 @@ def test_broadcast_optimizer_state():
         root = s["exp_avg"].clone()
         bt.broadcast(root, 0, "Check.exp_avg.%d" % index)
         assert torch.equal(s["exp_avg"], root), index
+
+
+def test_nodes_disagreeing_fail_the_operation_on_every_rank_naming_both():
+    # The first node sums, the second averages: the same step of the same
+    # tensor asked two ways. Every rank gets the error, nobody hangs, and the
+    # name works again afterwards.
+    t = torch.ones(2)
+    first_node = bt.rank() < bt.local_size()
+    try:
+        bt.push_pull(t, average=not first_node, name="disagree")
+    except baton.BatonError as e:
+        assert "disagree" in str(e), str(e)
+        code = e.code
+    else:
+        raise AssertionError("nodes disagreeing on average were not reported")
+    assert code in ("FAILED_PRECONDITION", "INVALID_ARGUMENT", "ABORTED"), code
+    assert torch.equal(t, torch.ones(2)), "a failed operation leaves the tensor alone"
+    bt.push_pull(t, average=False, name="disagree")
+    assert torch.equal(t, torch.full((2,), float(bt.size()))), t
 
 
 def test_errors_carry_codes():
