@@ -11,8 +11,10 @@
 //
 //   build/bin/batonrun --nodes 2 --procs-per-node 2 --job ex --
 //       build/bin/baton-example-trainer
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -178,7 +180,20 @@ int Train() {
   }
   std::fflush(stdout);
   status = session.Shutdown();
-  return status.ok() ? 0 : Fail("shutting down", status);
+  if (!status.ok()) return Fail("shutting down", status);
+  // Every rank holds the same parameters; they must be near the truth.
+  float worst = std::abs(p.b[0] - truth.b[0]);
+  for (int d = 0; d < kDim; ++d) {
+    worst = std::max(worst, std::abs(p.w[d] - truth.w[d]));
+  }
+  if (worst > 0.05f) {
+    std::fprintf(stderr,
+                 "example trainer: rank %d's parameters are %.3f off the "
+                 "truth after %" PRId64 " steps\n",
+                 rank, worst, static_cast<int64_t>(FLAGS_steps));
+    return 4;
+  }
+  return 0;
 }
 
 }  // namespace

@@ -4,7 +4,7 @@ BytePS and Horovod users write their scripts. It is also the demo
 (tools/demo):
 
     build/bin/batonrun --nodes 2 --procs-per-node 2 --job demo -- \\
-        /usr/bin/python3 examples/pytorch/train_synthetic.py
+        /usr/bin/python3 docs/examples/pytorch/train_synthetic.py
 
 (with PYTHONPATH=build/python, or the package installed). Every rank trains
 on its own shard of a synthetic 4-class problem; gradients are averaged by
