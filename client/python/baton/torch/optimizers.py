@@ -238,6 +238,7 @@ class ScheduledOptimizer:
         self._submitted = 0  # batches handed to the applier
         self._finished = 0  # batches it finished
         self._error = None
+        self._error_delivered = False  # raised to the caller once already
         self._queue = queue.Queue()
         self._hooks = []
         self._grad_accs = []
@@ -301,6 +302,7 @@ class ScheduledOptimizer:
 
     def _raise_if_failed(self):
         if self._error is not None:
+            self._error_delivered = True
             raise self._error
 
     # --- the optimizer API ---
@@ -351,9 +353,14 @@ class ScheduledOptimizer:
         self._raise_if_failed()
 
     def close(self):
-        """finalize(), then stop the update thread and remove the hooks."""
+        """finalize(), then stop the update thread and remove the hooks. An
+        error already raised by step(), a forward pass or finalize() is not
+        raised again."""
         try:
             self.finalize()
+        except BaseException:  # noqa: B902 - raised unless delivered before
+            if not self._error_delivered or self._error is None:
+                raise
         finally:
             self._queue.put(None)
             self._thread.join()
