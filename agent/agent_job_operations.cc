@@ -3,6 +3,7 @@
 #include <atomic>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/agent_job.h"
@@ -75,14 +76,22 @@ void AgentJob::FailOp(int32_t rank, const v1::EnqueueRequest& request,
   v1::TrainerEvent event;
   v1::OperationFailed* failed = event.mutable_failed();
   failed->set_index(request.index());
+  std::string message(status.message());
   if (request.index() >= 0 &&
       request.index() < static_cast<int32_t>(tensors_.size())) {
-    failed->set_tensor(tensors_[request.index()]->spec.name());
+    const std::string& name = tensors_[request.index()]->spec.name();
+    failed->set_tensor(name);
+    // Every failure names its operation, also those refused at enqueue
+    // for a reason that is not about the tensor (a stopped data plane).
+    if (!absl::StrContains(message, absl::StrCat("\"", name, "\""))) {
+      message = absl::StrCat("tensor \"", name, "\" step ", request.step(),
+                             ": ", message);
+    }
   }
   failed->set_step(request.step());
   failed->set_generation(membership_ ? membership_->generation() : 0);
   failed->set_code(static_cast<int32_t>(status.code()));
-  failed->set_message(std::string(status.message()));
+  failed->set_message(std::move(message));
   trainers_[rank].sink->Send(std::move(event));
 }
 

@@ -11,6 +11,7 @@ node's baton-agent and between nodes over the agents' data plane.
 
 import atexit
 import io
+import sys
 import threading
 import weakref
 
@@ -109,7 +110,16 @@ def shutdown(drain_timeout=60.0):
         session.shutdown(drain_timeout)
 
 
-atexit.register(shutdown)
+def _shutdown_at_exit():
+    # At exit a failure was already reported where it happened (or the
+    # script is ending on its own error): say it in one line, no traceback.
+    try:
+        shutdown()
+    except Exception as e:  # noqa: B902
+        sys.stderr.write("baton: shutdown at exit: %s\n" % e)
+
+
+atexit.register(_shutdown_at_exit)
 
 
 def _require():

@@ -278,9 +278,10 @@ class ScheduledOptimizer:
                         "DistributedOptimizer(backward_passes_per_step=N))" % slot.name[len("Gradient."):]
                     )
                 self._wait_applied(slot)
+            handle = _bt._push_pull_async_to(slot.param.grad, slot.output, slot.name)
             slot.gate.clear()
             slot.iteration = self._iteration
-            slot.handle = _bt._push_pull_async_to(slot.param.grad, slot.output, slot.name)
+            slot.handle = handle
             with self._cv:
                 self._unreleased.append(slot)
 
