@@ -8,6 +8,7 @@
 #include "agent/rendezvous_client.h"
 #include "agent/transport/gloo/gloo_transport.h"
 #include "common/grpc_util.h"
+#include "common/log_context.h"
 #include "common/shm.h"
 #include "common/validation.h"
 #include "glog/logging.h"
@@ -37,6 +38,8 @@ const std::string& JobOf(const v1::CoordinatorMessage& m) {
       return m.error().job();
     case v1::CoordinatorMessage::kJobEnded:
       return m.job_ended().job();
+    case v1::CoordinatorMessage::kTimelineRequest:
+      return m.timeline_request().job();
     default:
       return kNone;
   }
@@ -44,7 +47,8 @@ const std::string& JobOf(const v1::CoordinatorMessage& m) {
 
 }  // namespace
 
-Agent::Agent(AgentConfig config) : config_(std::move(config)) {}
+Agent::Agent(AgentConfig config)
+    : config_(std::move(config)), metrics_(config_.metrics_retention) {}
 
 Agent::~Agent() { Shutdown(); }
 
@@ -100,6 +104,18 @@ absl::Status Agent::Start() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> Agent::ServeMetrics(
+    const std::string& listen_address) {
+  CHECK(metrics_endpoint_ == nullptr) << "Agent::ServeMetrics called twice";
+  if (listen_address.empty()) return "";
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
+      MetricsEndpoint::Start(listen_address);
+  if (!endpoint.ok()) return endpoint.status();
+  metrics_endpoint_ = *std::move(endpoint);
+  metrics_endpoint_->Add(metrics_.registry());
+  return metrics_endpoint_->url();
+}
+
 absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
     const std::string& job) {
   absl::Status valid = ValidateIdentifier("AttachRequest.job", job);
@@ -116,6 +132,7 @@ absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
   env.config = &config_;
   env.coordinator = coordinator_.get();
   env.transport = transport_.get();
+  env.metrics = metrics_.ForJob(job);
   env.store_factory = [this](const std::string& name, int64_t generation) {
     return std::make_shared<RendezvousClient>(channel_, name, generation);
   };
@@ -149,6 +166,16 @@ void Agent::RouteMessage(const v1::CoordinatorMessage& message) {
     job->OnCoordinatorMessage(message);
     return;
   }
+  if (message.has_timeline_request()) {
+    // Not (or no longer) a job here: nothing recorded, answered at once so
+    // the coordinator need not wait for its deadline.
+    v1::AgentMessage reply;
+    reply.mutable_timeline_reply()->set_request_id(
+        message.timeline_request().request_id());
+    reply.mutable_timeline_reply()->set_job(name);
+    coordinator_->Send(std::move(reply));
+    return;
+  }
   if (name.empty()) {
     // An error about a request that names no job: every job checks whether
     // it was its join.
@@ -173,8 +200,11 @@ void Agent::ReapJobs() {
   // Destroyed here (or by the last trainer stream holding them), never on
   // their own thread.
   for (auto& job : reaped) {
-    LOG(INFO) << "job " << job->name() << " ended on this node";
+    LOG(INFO) << LogPrefix({job->name(), 0, config_.node_name})
+              << "ended on this node";
   }
+  reaped.clear();
+  metrics_.RemoveIdle(std::chrono::steady_clock::now());
 }
 
 void Agent::Shutdown() {

@@ -10,9 +10,11 @@
 #include "absl/status/status.h"
 #include "agent/agent_config.h"
 #include "agent/agent_job.h"
+#include "agent/agent_metrics.h"
 #include "agent/coordinator_client.h"
 #include "agent/trainer_service.h"
 #include "agent/transport/transport.h"
+#include "common/metrics.h"
 #include "grpcpp/grpcpp.h"
 
 namespace baton::agent {
@@ -32,8 +34,15 @@ class Agent {
   // Ends every job (trainers see CANCELLED), closes the socket and the
   // session.
   void Shutdown();
-  // Destroys jobs that ended; call periodically.
+  // Destroys jobs that ended, and removes the metrics of jobs that ended
+  // longer than metrics_retention ago; call periodically.
   void ReapJobs();
+  // Serves the agent's Prometheus metrics on `listen_address` ("host:port";
+  // port 0 picks a free port). Call at most once, from the thread that
+  // calls Start. Returns the endpoint's URL; UNAVAILABLE when the address
+  // cannot be bound. An empty address (--metrics_listen's default) serves
+  // nothing and returns "".
+  absl::StatusOr<std::string> ServeMetrics(const std::string& listen_address);
 
  private:
   absl::StatusOr<std::shared_ptr<AgentJob>> FindOrCreateJob(
@@ -42,6 +51,8 @@ class Agent {
   std::vector<std::shared_ptr<AgentJob>> Jobs();
 
   const AgentConfig config_;
+  AgentMetrics metrics_;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   std::unique_ptr<Transport> transport_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<CoordinatorClient> coordinator_;

@@ -27,6 +27,12 @@ struct AgentConfig {
   // When set, each job appends its launches to
   // <dir>/<job>.<node>.launches.
   std::string launch_trace_dir;
+  // Partition records each job keeps for batonctl timeline (the oldest are
+  // dropped); 0 records nothing.
+  int64_t timeline_records = 100000;
+  // How long the metrics of a job that ended on this node stay on the
+  // metrics endpoint (so that the next scrape sees its final counts).
+  std::chrono::seconds metrics_retention{300};
   // Shared memory names start with "/baton.<pid>." so that a restarted agent
   // can remove what a killed one left.
   int pid = 0;

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "agent/negotiation.h"
 #include "common/grpc_util.h"
+#include "common/log_context.h"
 #include "common/validation.h"
 #include "glog/logging.h"
 
@@ -30,7 +31,7 @@ AgentJob::AgentJob(std::string name, Environment env)
                                           ".", config_.node_name, ".launches");
     launch_trace_ = std::fopen(path.c_str(), "a");
     if (launch_trace_ == nullptr) {
-      LOG(ERROR) << "cannot open launch trace " << path;
+      LOG(ERROR) << JobLogPrefix() << "cannot open launch trace " << path;
     }
   }
   next_report_ = Clock::now();
@@ -45,7 +46,7 @@ AgentJob::AgentJob(std::string name, Environment env)
     doorbell_memory_ = std::move(*doorbell);
     doorbell_ = new (doorbell_memory_.data()) Doorbell();
   } else {
-    LOG(WARNING) << "job " << name_ << ": no shared-memory fast path ("
+    LOG(WARNING) << JobLogPrefix() << "no shared-memory fast path ("
                  << doorbell.status().message()
                  << "); trainers enqueue over gRPC";
     doorbell_ = &local_doorbell_;
@@ -291,11 +292,12 @@ void AgentJob::HandleAttach(std::shared_ptr<TrainerSink> sink, uint64_t seq,
       trainer.channel_memory = std::move(*channel);
       trainer.channel = new (trainer.channel_memory.data()) TrainerChannel();
     } else {
-      LOG(WARNING) << "job " << name_ << ": local rank " << r.local_rank()
+      LOG(WARNING) << JobLogPrefix() << "local rank " << r.local_rank()
                    << " enqueues over gRPC: " << channel.status().message();
     }
   }
   ++attached_;
+  SampleMetrics();
   if (attached_ == params_.local_size()) {
     state_ = State::kJoining;
     SendJoin();
@@ -391,7 +393,7 @@ void AgentJob::HandleDetach(TrainerSink* sink,
   if (rank < 0) return;
   Trainer& trainer = trainers_[rank];
   if (!request.reason().empty()) {
-    LOG(INFO) << "job " << name_ << ": local rank " << rank << " detached ("
+    LOG(INFO) << JobLogPrefix(rank) << "local rank " << rank << " detached ("
               << request.reason() << ")";
   }
   if (!request.finished()) {
@@ -417,7 +419,7 @@ void AgentJob::HandleTrainerGone(TrainerSink* sink) {
   const std::string reason = absl::StrCat(
       "trainer local rank ", rank, " (pid ", trainer.pid, ") of job \"", name_,
       "\" on node ", config_.node_name, " disconnected");
-  LOG(WARNING) << reason << "; this node leaves the job";
+  LOG(WARNING) << JobLogPrefix(rank) << reason << "; this node leaves the job";
   LeaveAndEnd(absl::AbortedError(
                   absl::StrCat(reason,
                                "; this node left the job: restart the job's "
@@ -465,9 +467,30 @@ void AgentJob::End(const absl::Status& status) {
       trainer.sink->Close(status);
     }
   }
+  SampleMetrics();
   if (!done_reported_ && env_.on_done) {
     done_reported_ = true;
     env_.on_done();
+  }
+}
+
+std::string AgentJob::JobLogPrefix(int32_t local_rank) const {
+  return LogPrefix(
+      {name_, membership_ ? membership_->generation() : 0, config_.node_name,
+       membership_ && local_rank >= 0 ? rank_offset_ + local_rank : -1});
+}
+
+void AgentJob::SampleMetrics() {
+  int trainers = 0;
+  for (const Trainer& t : trainers_) {
+    if (t.sink && !t.detached) ++trainers;
+  }
+  env_.metrics->SetTrainersAttached(trainers);
+  if (data_plane_) {
+    const DataPlane::Stats stats = data_plane_->stats();
+    env_.metrics->SetDataPlane(stats.queue_depth, stats.bytes_in_flight);
+  } else {
+    env_.metrics->SetDataPlane(0, 0);
   }
 }
 

@@ -18,9 +18,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "agent/agent_config.h"
+#include "agent/agent_metrics.h"
 #include "agent/data_plane.h"
 #include "agent/links.h"
 #include "agent/local_tensor.h"
+#include "agent/timeline_recorder.h"
 #include "agent/transport/transport.h"
 #include "baton/v1/coordinator.pb.h"
 #include "baton/v1/trainer.pb.h"
@@ -50,6 +52,8 @@ class AgentJob {
     CoordinatorLink* coordinator = nullptr;
     Transport* transport = nullptr;
     StoreFactory store_factory;
+    // This job's metrics on this node (never null).
+    std::shared_ptr<JobMetrics> metrics;
     // Called once from the job's thread when the job is over on this node;
     // the owner then destroys the job from another thread.
     std::function<void()> on_done;
@@ -189,9 +193,19 @@ class AgentJob {
   v1::Attached AttachedFor(int32_t local_rank) const;
   int64_t CompletedStep() const;
 
+  // agent_job.cc: observability.
+  // "job=J gen=G node=N " for this job's log lines, with "rank=R " (the
+  // global rank) for `local_rank` once a generation is sealed. Job thread
+  // only.
+  std::string JobLogPrefix(int32_t local_rank = -1) const;
+  // Samples the gauges of env_.metrics: data plane and trainers.
+  void SampleMetrics();
+
   const std::string name_;
   const Environment env_;
   const AgentConfig& config_;
+  // Before the data planes: they record into it until they are destroyed.
+  TimelineRecorder timeline_{static_cast<size_t>(config_.timeline_records)};
   // "/baton.<agent pid>.<instance>.<job>.": names of this job's shared memory.
   std::string shm_prefix_;
 
@@ -251,6 +265,8 @@ class AgentJob {
   };
   absl::flat_hash_map<uint32_t, Latency> latencies_;
   int64_t reported_bytes_done_ = 0;
+  // Bytes per second over the last report interval long enough to measure.
+  double throughput_ = 0;
   Clock::time_point reported_at_;
   std::FILE* launch_trace_ = nullptr;
   bool done_reported_ = false;

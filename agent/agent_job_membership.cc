@@ -8,15 +8,32 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/agent_job.h"
+#include "common/log_context.h"
 #include "glog/logging.h"
 
 namespace baton::agent {
 
 void AgentJob::HandleCoordinatorMessage(const v1::CoordinatorMessage& m) {
+  if (m.has_timeline_request()) {
+    // Answered in every state: what ran before the job ended is still here.
+    const v1::TimelineRequest& request = m.timeline_request();
+    v1::AgentMessage reply;
+    v1::TimelineReply* body = reply.mutable_timeline_reply();
+    body->set_request_id(request.request_id());
+    body->set_job(name_);
+    bool truncated = false;
+    for (v1::PartitionTrace& trace : timeline_.Query(
+             request.first_step(), request.last_step(), &truncated)) {
+      *body->add_partitions() = std::move(trace);
+    }
+    body->set_truncated(truncated);
+    env_.coordinator->Send(std::move(reply));
+    return;
+  }
   if (state_ == State::kDone) return;
   switch (m.body_case()) {
     case v1::CoordinatorMessage::kJoinAccepted:
-      VLOG(1) << "job " << name_ << ": joined, "
+      VLOG(1) << JobLogPrefix() << "joined, "
               << m.join_accepted().nodes_joined() << "/"
               << m.join_accepted().expected_nodes() << " nodes";
       break;
@@ -88,7 +105,7 @@ void AgentJob::HandleSession(bool restarted) {
   rejoin_seq_ = env_.coordinator->Send(std::move(message));
   manifest_sent_ = 0;
   SendManifest();
-  LOG(INFO) << "job " << name_ << ": "
+  LOG(INFO) << JobLogPrefix()
             << (restarted ? "coordinator restarted" : "session reopened")
             << "; re-reported generation " << membership_->generation();
 }
@@ -133,7 +150,7 @@ void AgentJob::HandleMembership(const v1::Membership& m) {
   state_ = State::kRunning;
   data_plane_stopped_.reset();
   manifest_sent_ = 0;
-  LOG(INFO) << "job " << name_ << ": generation " << m.generation()
+  LOG(INFO) << JobLogPrefix() << "generation " << m.generation()
             << " sealed, node rank " << node_rank << " of " << m.nodes_size()
             << ", world size " << m.world_size();
   SendAttached();
@@ -222,7 +239,7 @@ void AgentJob::HandleGenerationAborted(const v1::GenerationAborted& a) {
       a.reason().empty() ? "" : absl::StrCat(" (", a.reason(), ")"),
       "; re-sync and retry in the next generation"));
   aborted_[a.aborted_generation()] = status;
-  LOG(WARNING) << status.message();
+  LOG(WARNING) << JobLogPrefix() << status.message();
   state_ = State::kReforming;
   if (data_plane_) RetireDataPlane(status);
   // Failures held while waiting for this news now name the lost node.
@@ -254,13 +271,13 @@ void AgentJob::HandleError(uint64_t reply_to, const v1::Error& error) {
         FinishOp(ops_.at(id), tensor.mismatch);
       }
     }
-    LOG(ERROR) << "job " << name_ << ": " << error.message();
+    LOG(ERROR) << JobLogPrefix() << error.message();
     return;
   }
   if (reply_to != 0 && reply_to == manifest_seq_) {
     // The coordinator refused this node's declarations outright (not a
     // mismatch between nodes): nothing declared can ever run.
-    LOG(ERROR) << "job " << name_ << ": manifest refused: " << error.message();
+    LOG(ERROR) << JobLogPrefix() << "manifest refused: " << error.message();
     End(absl::Status(status.code(),
                      absl::StrCat("the coordinator refused this node's tensor "
                                   "declarations: ",
@@ -268,14 +285,14 @@ void AgentJob::HandleError(uint64_t reply_to, const v1::Error& error) {
     return;
   }
   if (reply_to != 0 && reply_to == join_seq_) {
-    LOG(ERROR) << "job " << name_ << ": join refused: " << error.message();
+    LOG(ERROR) << JobLogPrefix() << "join refused: " << error.message();
     End(status);
     return;
   }
   if (reply_to != 0 && reply_to == rejoin_seq_) {
     // The coordinator moved on without us (it declared this node lost while
     // the session was down): drop the generation and join afresh.
-    LOG(WARNING) << "job " << name_ << ": rejoin refused (" << error.message()
+    LOG(WARNING) << JobLogPrefix() << "rejoin refused (" << error.message()
                  << "); joining again";
     const absl::Status aborted = absl::AbortedError(
         absl::StrCat("this node lost its coordinator session and generation ",
@@ -288,7 +305,7 @@ void AgentJob::HandleError(uint64_t reply_to, const v1::Error& error) {
     SendJoin();
     return;
   }
-  LOG(WARNING) << "job " << name_ << ": coordinator error: " << error.message();
+  LOG(WARNING) << JobLogPrefix() << "coordinator error: " << error.message();
 }
 
 void AgentJob::ConnectDataPlane() {
@@ -342,7 +359,10 @@ absl::StatusOr<int> AgentJob::AgreeOnChannels(
                      "\" as its data channel count; expected 1..16"));
   }
   if (channels != config_.data_channels) {
-    LOG(WARNING) << "job " << name_ << ": using node rank 0's " << channels
+    // On a connector thread: membership_ (the generation) is not ours to
+    // read here.
+    LOG(WARNING) << LogPrefix({name_, 0, config_.node_name})
+                 << "using node rank 0's " << channels
                  << " data channels instead of --data_channels="
                  << config_.data_channels;
   }
@@ -384,6 +404,7 @@ void AgentJob::OnDataPlaneConnected(
   options.active_cycle = config_.active_cycle;
   options.idle_cycle = config_.idle_cycle;
   options.launch_trace = launch_trace_;
+  options.timeline = &timeline_;
   for (const v1::NodeInfo& node : membership_->nodes()) {
     options.node_names.push_back(node.node_name());
   }
@@ -404,7 +425,7 @@ void AgentJob::OnDataPlaneConnected(
                                   std::move(all), std::move(callbacks));
   *plane_ptr = data_plane_.get();
   if (plan_) data_plane_->SetKnownTensors(plan_->tensors_size());
-  LOG(INFO) << "job " << name_ << ": data plane of generation " << generation
+  LOG(INFO) << JobLogPrefix() << "data plane of generation " << generation
             << " connected";
   SubmitWaiting();
 }
@@ -412,8 +433,7 @@ void AgentJob::OnDataPlaneConnected(
 void AgentJob::OnDataPlaneStopped(DataPlane* plane, absl::Status status) {
   if (plane != nullptr && plane != data_plane_.get()) return;  // retired
   if (state_ != State::kRunning) return;
-  LOG(WARNING) << "job " << name_
-               << ": data plane stopped: " << status.message();
+  LOG(WARNING) << JobLogPrefix() << "data plane stopped: " << status.message();
   if (data_plane_) RetireDataPlane(status);
   const bool transport = status.code() == absl::StatusCode::kUnavailable ||
                          status.code() == absl::StatusCode::kDeadlineExceeded;
@@ -499,12 +519,20 @@ void AgentJob::SendReport() {
     const DataPlane::Stats s = data_plane_->stats();
     stats->set_queue_depth(s.queue_depth);
     stats->set_bytes_in_flight(s.bytes_in_flight);
+    stats->set_scheduling(SchedulingModeName(mode_));
+    stats->set_credit_bytes(config_.credit_bytes);
     const double seconds =
         std::chrono::duration<double>(now - reported_at_).count();
-    if (seconds > 0 && s.bytes_done >= reported_bytes_done_) {
-      stats->set_throughput_bytes_per_second(
-          static_cast<double>(s.bytes_done - reported_bytes_done_) / seconds);
+    const double interval =
+        std::chrono::duration<double>(env_.coordinator->report_interval())
+            .count();
+    // A report soon after the previous one (the last one before leaving)
+    // covers too short a moment to measure: it repeats the last rate.
+    if (seconds >= interval / 2 && s.bytes_done >= reported_bytes_done_) {
+      throughput_ =
+          static_cast<double>(s.bytes_done - reported_bytes_done_) / seconds;
     }
+    stats->set_throughput_bytes_per_second(throughput_);
     reported_bytes_done_ = s.bytes_done;
   }
   std::vector<uint32_t> ids;
@@ -553,6 +581,7 @@ void AgentJob::OnTimer(Clock::time_point now) {
                                 }),
                  retired_.end());
   if (now >= next_report_) {
+    SampleMetrics();
     SendReport();
     next_report_ = now + env_.coordinator->report_interval();
   }

@@ -93,6 +93,7 @@ void AgentJob::FailOp(int32_t rank, const v1::EnqueueRequest& request,
   failed->set_code(static_cast<int32_t>(status.code()));
   failed->set_message(std::move(message));
   trainers_[rank].sink->Send(std::move(event));
+  env_.metrics->EnqueueRefused();
 }
 
 void AgentJob::HandleEnqueue(TrainerSink* sink,
@@ -287,6 +288,7 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
     c->set_step(pending.step);
     c->set_generation(pending.generation);
   } else {
+    env_.metrics->OperationFailed();
     v1::OperationFailed* f = event.mutable_failed();
     f->set_index(pending.index);
     f->set_tensor(tensor.spec.name());
@@ -325,9 +327,11 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
 void AgentJob::FinishOp(PendingOp& pending, const absl::Status& status) {
   const LocalTensor& tensor = *tensors_[pending.index];
   if (status.ok() && tensor.tensor_id >= 0) {
-    const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(
-                           Clock::now() - pending.first_enqueued)
-                           .count();
+    const Clock::duration latency = Clock::now() - pending.first_enqueued;
+    env_.metrics->OperationCompleted(tensor.spec.name(), latency,
+                                     tensor.size_bytes);
+    const int64_t us =
+        std::chrono::duration_cast<std::chrono::microseconds>(latency).count();
     Latency& l = latencies_[static_cast<uint32_t>(tensor.tensor_id)];
     ++l.count;
     l.total_us += us;

@@ -6,6 +6,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "agent/reduce.h"
 #include "glog/logging.h"
 
@@ -52,8 +53,15 @@ DataPlane::~DataPlane() {
   for (auto& worker : workers_) worker->thread.join();
 }
 
+namespace {
+
+int64_t NowUs() { return absl::ToUnixMicros(absl::Now()); }
+
+}  // namespace
+
 void DataPlane::Submit(std::shared_ptr<const Operation> op) {
   Done done;
+  uint64_t inline_seq = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) {
@@ -63,12 +71,13 @@ void DataPlane::Submit(std::shared_ptr<const Operation> op) {
       // A small operation of a single-node job with nothing ahead of it:
       // there is nothing to agree on and no order to keep, so it runs here
       // rather than two thread hops away (latency of small push_pulls).
-      LaunchTrace(PartitionTask{op, 0, 0, op->size_bytes}, launch_seq_++);
+      inline_seq = launch_seq_++;
+      LaunchTrace(PartitionTask{op, 0, 0, op->size_bytes}, inline_seq);
       done.emplace_back(op->id, absl::OkStatus());
     } else {
       DCHECK(!submitted_.contains(op->tensor_id))
           << "two operations of tensor " << op->tensor_name << " submitted";
-      ops_[op->id] = OpState{op, 0, 0, absl::OkStatus()};
+      ops_[op->id] = OpState{op, 0, 0, absl::OkStatus(), NowUs(), 0};
       submitted_[op->tensor_id] = std::move(op);
       dirty_ = true;
       scheduler_cv_.notify_one();
@@ -76,8 +85,13 @@ void DataPlane::Submit(std::shared_ptr<const Operation> op) {
   }
   if (!done.empty() && done[0].second.ok()) {
     const Operation& inline_op = *op;
-    done[0].second =
-        Execute(*workers_[0], PartitionTask{op, 0, 0, inline_op.size_bytes});
+    const int64_t start_us = NowUs();
+    PartitionTask task{op,         0,  0,       inline_op.size_bytes,
+                       inline_seq, -1, start_us};
+    int64_t reduced_us = 0;
+    done[0].second = Execute(*workers_[0], task, &reduced_us);
+    Record(task, start_us, start_us, start_us, reduced_us, NowUs(),
+           done[0].second.ok());
     std::lock_guard<std::mutex> lock(mu_);
     if (done[0].second.ok()) bytes_done_ += inline_op.size_bytes;
   }
@@ -222,9 +236,11 @@ bool DataPlane::Round(std::vector<int64_t>& vec, int32_t& body, bool& active) {
       }
       std::vector<std::shared_ptr<const Operation>> agreed;
       std::vector<int64_t> ready_times;
+      const int64_t agreed_us = NowUs();
       for (const Negotiation::Agreed& a : outcome.agreed) {
         auto it = submitted_.find(a.tensor_id);
         if (it == submitted_.end()) continue;
+        ops_[it->second->id].agreed_us = agreed_us;
         agreed.push_back(it->second);
         ready_times.push_back(a.ready_unix_us);
         submitted_.erase(it);
@@ -275,7 +291,10 @@ void DataPlane::LaunchLocked(PartitionTask task, Done& done) {
   in_flight_bytes_ += task.length;
   const uint64_t seq = launch_seq_++;
   LaunchTrace(task, seq);
-  Worker& worker = *workers_[seq % workers_.size()];
+  task.seq = seq;
+  task.channel = static_cast<int32_t>(seq % workers_.size());
+  task.launched_us = NowUs();
+  Worker& worker = *workers_[task.channel];
   worker.queue.push_back(std::move(task));
   worker.cv.notify_one();
 }
@@ -347,15 +366,22 @@ void DataPlane::WorkerLoop(Worker* worker) {
       worker->queue.pop_front();
       drop = drop_queued_;
     }
-    absl::Status status =
-        drop ? absl::CancelledError("not started") : Execute(*worker, task);
+    const int64_t started_us = NowUs();
+    int64_t reduced_us = 0;
+    absl::Status status = drop ? absl::CancelledError("not started")
+                               : Execute(*worker, task, &reduced_us);
+    const int64_t done_us = NowUs();
     Done done;
     bool failed_now = false;
     absl::Status stop_status;
+    int64_t submitted_us = 0;
+    int64_t agreed_us = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_bytes_ -= task.length;
       OpState& state = ops_[task.op->id];
+      submitted_us = state.submitted_us;
+      agreed_us = state.agreed_us;
       ++state.returned;
       if (status.ok()) {
         bytes_done_ += task.length;
@@ -372,6 +398,10 @@ void DataPlane::WorkerLoop(Worker* worker) {
       MaybeFinishLocked(task.op->id, done);
       dirty_ = true;
       scheduler_cv_.notify_one();
+    }
+    if (!drop) {
+      Record(task, submitted_us, agreed_us, started_us, reduced_us, done_us,
+             status.ok());
     }
     if (failed_now && callbacks_.stopped) callbacks_.stopped(stop_status);
     Report(done);
@@ -412,7 +442,35 @@ std::string DataPlane::Describe(const PartitionTask& task) const {
                       options_.generation);
 }
 
-absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task) {
+void DataPlane::Record(const PartitionTask& task, int64_t submitted_us,
+                       int64_t agreed_us, int64_t started_us,
+                       int64_t reduced_us, int64_t done_us, bool ok) const {
+  if (options_.timeline == nullptr) return;
+  const Operation& op = *task.op;
+  v1::PartitionTrace trace;
+  trace.set_tensor_id(op.tensor_id);
+  trace.set_tensor(op.tensor_name);
+  trace.set_step(op.step);
+  trace.set_partition(task.partition);
+  trace.set_num_partitions(op.NumPartitions());
+  trace.set_bytes(task.length);
+  trace.set_priority(op.priority);
+  trace.set_kind(KindName(op.kind));
+  trace.set_generation(options_.generation);
+  trace.set_channel(task.channel);
+  trace.set_launch_seq(task.seq);
+  trace.set_submitted_us(submitted_us);
+  trace.set_agreed_us(agreed_us);
+  trace.set_launched_us(task.launched_us);
+  trace.set_started_us(started_us);
+  trace.set_reduced_us(reduced_us);
+  trace.set_done_us(done_us);
+  trace.set_ok(ok);
+  options_.timeline->Add(std::move(trace));
+}
+
+absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task,
+                                int64_t* reduced_us) {
   const Operation& op = *task.op;
   const size_t element = ElementSize(op.dtype);
   const size_t count = static_cast<size_t>(task.length) / element;
@@ -424,6 +482,7 @@ absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task) {
     if (op.root_local >= 0 && op.inputs[op.root_local] != op.output) {
       std::memcpy(out, op.inputs[op.root_local] + task.offset, task.length);
     }
+    *reduced_us = NowUs();
     if (options_.num_nodes > 1) {
       status = worker.comm->Broadcast(out, task.length, op.root_node, opts);
     }
@@ -434,6 +493,7 @@ absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task) {
       for (size_t i = 0; i < n; ++i) srcs[i] = op.inputs[i] + task.offset;
       SumInto(op.dtype, out, srcs.data(), n, count);
     }
+    *reduced_us = NowUs();
     if (options_.num_nodes > 1) {
       status = worker.comm->AllreduceSum(out, count, op.dtype, opts);
     }

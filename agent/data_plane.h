@@ -18,6 +18,7 @@
 #include "agent/launch_queue.h"
 #include "agent/negotiation.h"
 #include "agent/operation.h"
+#include "agent/timeline_recorder.h"
 #include "agent/transport/transport.h"
 
 namespace baton::agent {
@@ -44,6 +45,9 @@ struct DataPlaneOptions {
   // When set, every launch is appended here as one line (tests compare the
   // files of all nodes). Not owned; outlives the data plane.
   std::FILE* launch_trace = nullptr;
+  // When set, every partition's phases are recorded here when it returns
+  // (batonctl timeline). Not owned; outlives the data plane.
+  TimelineRecorder* timeline = nullptr;
 };
 
 // The data plane of one job on this node for one sealed generation: the
@@ -116,6 +120,9 @@ class DataPlane {
     int32_t launched = 0;
     int32_t returned = 0;
     absl::Status status;
+    // For the timeline (unix microseconds).
+    int64_t submitted_us = 0;
+    int64_t agreed_us = 0;
   };
   struct Worker {
     std::unique_ptr<Communicator> comm;
@@ -127,7 +134,14 @@ class DataPlane {
 
   void SchedulerLoop();
   void WorkerLoop(Worker* worker);
-  absl::Status Execute(Worker& worker, const PartitionTask& task);
+  // Runs one partition: the local reduction, then the collective.
+  // `*reduced_us` is when the local reduction finished.
+  absl::Status Execute(Worker& worker, const PartitionTask& task,
+                       int64_t* reduced_us);
+  // Hands a returned partition's phases to options_.timeline.
+  void Record(const PartitionTask& task, int64_t submitted_us,
+              int64_t agreed_us, int64_t started_us, int64_t reduced_us,
+              int64_t done_us, bool ok) const;
   // Runs one round; false when the scheduler must exit.
   bool Round(std::vector<int64_t>& vec, int32_t& body, bool& active);
   void LaunchLocked(PartitionTask task, Done& done)

@@ -16,6 +16,11 @@ struct PartitionTask {
   int32_t partition = 0;
   int64_t offset = 0;
   int64_t length = 0;
+  // Set at launch, for the timeline: the launch sequence number, the
+  // communicator it went to and when (unix microseconds).
+  uint64_t seq = 0;
+  int32_t channel = -1;
+  int64_t launched_us = 0;
 };
 
 // The priority scheduler's queue of agreed partitions, ordered by (tensor

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/agent.h"
 #include "common/init.h"
+#include "common/metrics.h"
 #include "common/validation.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -39,6 +40,12 @@ DEFINE_int64(
     "Longest wait between negotiation rounds while every node is idle");
 DEFINE_int64(reconnect_max_backoff_ms, 2000,
              "Longest wait between attempts to reach the coordinator");
+DEFINE_int64(timeline_records, 100000,
+             "Partition records each job keeps for `batonctl timeline` (about "
+             "200 bytes each; the oldest are dropped; 0 = record nothing)");
+DEFINE_string(metrics_listen, "",
+              "Address of the Prometheus endpoint (GET /metrics), host:port "
+              "(port 0 picks a free port, printed at start); empty: none");
 DEFINE_string(launch_trace_dir, "",
               "When set, each job appends every launch to "
               "<dir>/<job>.<node>.launches (for tests and debugging)");
@@ -105,6 +112,14 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
                        " must be positive: give a value above 0"));
     }
   }
+  if (FLAGS_timeline_records < 0 || FLAGS_timeline_records > 10000000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeline_records=", FLAGS_timeline_records,
+                     " must be in 0..10000000"));
+  }
+  if (absl::Status s = ValidateMetricsListen(FLAGS_metrics_listen); !s.ok()) {
+    return s;
+  }
   if (FLAGS_data_channels > 16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--data_channels=", FLAGS_data_channels, " must be at most 16"));
@@ -117,6 +132,7 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
   config.reconnect_max_backoff =
       std::chrono::milliseconds(FLAGS_reconnect_max_backoff_ms);
   config.launch_trace_dir = FLAGS_launch_trace_dir;
+  config.timeline_records = FLAGS_timeline_records;
   config.pid = static_cast<int>(getpid());
   return config;
 }
@@ -132,7 +148,11 @@ int Main(int argc, char** argv) {
     return 2;
   }
   agent::Agent agent(*config);
-  if (absl::Status status = agent.Start(); !status.ok()) {
+  const absl::StatusOr<std::string> metrics_url =
+      agent.ServeMetrics(FLAGS_metrics_listen);
+  absl::Status status = metrics_url.status();
+  if (status.ok()) status = agent.Start();
+  if (!status.ok()) {
     std::fprintf(stderr, "baton-agent: %s\n",
                  std::string(status.message()).c_str());
     return 1;
@@ -140,6 +160,7 @@ int Main(int argc, char** argv) {
   std::printf("baton-agent %s serving trainers on %s, coordinator %s\n",
               config->node_name.c_str(), config->socket_path.c_str(),
               config->coordinator.c_str());
+  PrintMetricsUrl(*metrics_url);
   std::fflush(stdout);
 
   const timespec reap_interval{1, 0};

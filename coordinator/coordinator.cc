@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/log_context.h"
 #include "common/validation.h"
 #include "glog/logging.h"
 
@@ -94,6 +95,9 @@ void Coordinator::OnAgentMessage(SessionId id,
     case v1::AgentMessage::kStepReport:
       HandleStepReport(id, seq, message.step_report());
       return;
+    case v1::AgentMessage::kTimelineReply:
+      timelines_.OnReply(session->node_name, message.timeline_reply());
+      return;
     case v1::AgentMessage::BODY_NOT_SET:
       status = absl::InvalidArgumentError(
           "AgentMessage.body is not set (a message kind this coordinator "
@@ -127,7 +131,7 @@ void Coordinator::HandleHello(SessionId id, uint64_t seq,
         absl::AbortedError("replaced by a newer session of the same agent"));
     sessions_.Remove(previous->id);
   }
-  LOG(INFO) << "node=" << session->node_name << " session " << id
+  LOG(INFO) << LogPrefix({"", 0, session->node_name}) << "session " << id
             << " opened (agent " << session->agent_instance << ", version \""
             << session->agent_version << "\")";
   v1::CoordinatorMessage accepted;
@@ -225,7 +229,7 @@ void Coordinator::OnSessionClosed(SessionId id, const std::string& why) {
   Session* session = sessions_.Find(id);
   if (session == nullptr) return;
   if (!shutting_down_ && session->said_hello()) {
-    LOG(INFO) << "node=" << session->node_name << " session " << id
+    LOG(INFO) << LogPrefix({"", 0, session->node_name}) << "session " << id
               << " ended: " << why;
     jobs_.OnSessionsLost(
         {{session,
@@ -287,8 +291,103 @@ absl::StatusOr<v1::JobStatus> Coordinator::GetJob(
   return status;
 }
 
+absl::StatusOr<v1::TensorsStatus> Coordinator::GetTensors(
+    const std::string& job) const {
+  absl::StatusOr<v1::JobStatus> status = GetJob(job);
+  if (!status.ok()) return status.status();
+  v1::TensorsStatus tensors;
+  tensors.set_job(job);
+  const v1::TensorPlan* plan = plans_.Plan(job);
+  if (plan == nullptr) return tensors;
+  tensors.set_plan_version(plan->version());
+  tensors.set_partition_bytes(plan->partition_bytes());
+  // Latencies summed over the members (a count-weighted mean).
+  struct Latency {
+    int64_t count = 0;
+    int64_t total_us = 0;
+    int64_t max_us = 0;
+  };
+  absl::flat_hash_map<uint32_t, Latency> latencies;
+  for (const v1::MemberStatus& member : status->members()) {
+    for (const v1::TensorLatency& l : member.tensor_latencies()) {
+      Latency& sum = latencies[l.tensor_id()];
+      sum.count += l.count();
+      sum.total_us += l.mean_us() * l.count();
+      sum.max_us = std::max(sum.max_us, l.max_us());
+    }
+  }
+  std::vector<const v1::TensorPlanEntry*> entries;
+  for (const v1::TensorPlanEntry& entry : plan->tensors()) {
+    entries.push_back(&entry);
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const v1::TensorPlanEntry* a, const v1::TensorPlanEntry* b) {
+              return a->tensor_id() < b->tensor_id();
+            });
+  for (const v1::TensorPlanEntry* entry : entries) {
+    v1::TensorStatus* t = tensors.add_tensors();
+    t->set_id(entry->tensor_id());
+    *t->mutable_spec() = entry->spec();
+    t->set_size_bytes(entry->size_bytes());
+    t->set_priority(entry->priority());
+    t->set_num_partitions(entry->num_partitions());
+    auto it = latencies.find(entry->tensor_id());
+    if (it != latencies.end() && it->second.count > 0) {
+      t->set_latency_count(it->second.count);
+      t->set_latency_mean_us(it->second.total_us / it->second.count);
+      t->set_latency_max_us(it->second.max_us);
+    }
+  }
+  return tensors;
+}
+
+void Coordinator::GetTimeline(const v1::GetTimelineRequest& request,
+                              TimelineCollector::Done done) {
+  if (request.first_step() < 0 || request.last_step() < request.first_step() ||
+      request.last_step() - request.first_step() >= kMaxTimelineSteps) {
+    done(absl::InvalidArgumentError(absl::StrCat(
+        "GetTimelineRequest steps ", request.first_step(), "..",
+        request.last_step(), ": give 0 <= first_step <= last_step, at most ",
+        kMaxTimelineSteps, " steps")));
+    return;
+  }
+  v1::JobStatus status;
+  if (absl::Status found = jobs_.FillStatus(request.job(), &status);
+      !found.ok()) {
+    done(found);
+    return;
+  }
+  std::vector<TimelineCollector::Node> nodes;
+  for (const v1::MemberStatus& member : status.members()) {
+    nodes.push_back(
+        {member.node_name(), member.node_rank(), member.connected()});
+  }
+  const uint64_t id = timelines_.Start(
+      request, nodes, clock_->Now() + kTimelineReplyTimeout, std::move(done));
+  v1::CoordinatorMessage message;
+  v1::TimelineRequest* ask = message.mutable_timeline_request();
+  ask->set_request_id(id);
+  ask->set_job(request.job());
+  ask->set_first_step(request.first_step());
+  ask->set_last_step(request.last_step());
+  jobs_.Broadcast(request.job(), message);
+}
+
+int Coordinator::ConnectedAgents() const {
+  int agents = 0;
+  for (SessionId id : sessions_.All()) {
+    if (sessions_.Find(id)->said_hello()) ++agents;
+  }
+  return agents;
+}
+
+int64_t Coordinator::MembersLost(const std::string& job) const {
+  return jobs_.MembersLost(job);
+}
+
 void Coordinator::Tick() {
   const absl::Time now = clock_->Now();
+  timelines_.Tick(now);
   if (last_tick_ != absl::InfinitePast() &&
       now - last_tick_ > options_.liveness_timeout / 2) {
     // The coordinator itself did not run (stopped, swapped, starved): the
@@ -335,6 +434,8 @@ void Coordinator::Tick() {
 void Coordinator::Shutdown(const std::string& reason) {
   if (shutting_down_) return;
   shutting_down_ = true;
+  timelines_.Abort(absl::UnavailableError(
+      absl::StrCat("the coordinator is shutting down: ", reason)));
   LOG(INFO) << "shutting down: " << reason << "; telling " << sessions_.size()
             << " agent(s)";
   v1::CoordinatorMessage message;

@@ -18,6 +18,7 @@
 #include "coordinator/session_manager.h"
 #include "coordinator/step_manager.h"
 #include "coordinator/tensor_plan_manager.h"
+#include "coordinator/timeline_collector.h"
 
 namespace baton {
 
@@ -51,6 +52,25 @@ class Coordinator : private JobListener {
   // Status API.
   v1::ListJobsResponse ListJobs() const;
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job) const;
+
+  // Metrics beyond the job status: agents with an open session (that said
+  // hello), and the members `job` lost since it was created.
+  int ConnectedAgents() const;
+  int64_t MembersLost(const std::string& job) const;
+  // The job's tensor plan with each tensor's latency over the members' last
+  // report interval. NOT_FOUND for an unknown job.
+  absl::StatusOr<v1::TensorsStatus> GetTensors(const std::string& job) const;
+  // Asks every connected member for its partition phases of the request's
+  // steps; `done` runs once with the merged timeline, when all answered or
+  // after kTimelineReplyTimeout (INVALID_ARGUMENT / NOT_FOUND at once for a
+  // bad range or an unknown job).
+  void GetTimeline(const v1::GetTimelineRequest& request,
+                   TimelineCollector::Done done);
+
+  // How long GetTimeline waits for the agents' answers.
+  static constexpr absl::Duration kTimelineReplyTimeout = absl::Seconds(3);
+  // The most steps one GetTimeline may ask for.
+  static constexpr int64_t kMaxTimelineSteps = 1000;
 
   // Periodic work: liveness and reconnect deadlines, re-form timeouts,
   // expired store waits, stall detection, retention of ended jobs.
@@ -94,6 +114,7 @@ class Coordinator : private JobListener {
   StepManager steps_;
   RendezvousStore store_;
   JobManager jobs_;
+  TimelineCollector timelines_;
 
   bool shutting_down_ = false;
   // When Tick last ran, to notice the coordinator itself stalling.

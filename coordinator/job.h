@@ -103,6 +103,9 @@ struct JobManager::Job {
   // Some member left with finished=true: the others are leaving too.
   bool finishing = false;
   std::deque<v1::JobEvent> events;
+  // Members lost (session ended or silent, left unfinished, not back after
+  // a coordinator restart) since the job was created; for the metrics.
+  int64_t members_lost = 0;
 };
 
 }  // namespace baton

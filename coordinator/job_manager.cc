@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/log_context.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
 #include "coordinator/job.h"
@@ -165,7 +166,8 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
   Job* job = FindJob(join.job());
   if (job != nullptr && Ended(job->state)) {
     // A finished or failed job's name may be reused by a new run.
-    LOG(INFO) << "job=" << join.job() << " " << StateName(job->state)
+    LOG(INFO) << LogPrefix({join.job(), job->generation, session.node_name})
+              << StateName(job->state)
               << " job replaced by a new run (join from node "
               << session.node_name << ")";
     jobs_.erase(join.job());
@@ -232,7 +234,8 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
       *job, "join",
       absl::StrCat("node ", session.node_name, " joined (", join.local_size(),
                    " trainers, data plane at ", join.data_address(), "); ",
-                   job->members.size(), " of ", job->expected_nodes, " nodes"));
+                   job->members.size(), " of ", job->expected_nodes, " nodes"),
+      session.node_name);
 
   SendJoinAccepted(*job, session.id, seq);
 
@@ -331,10 +334,11 @@ void JobManager::LoseMember(Job& job, const std::string& node_name,
   const std::string what = absl::StrCat("node ", node_name, " ", why);
 
   if (job.state == v1::JOB_STATE_FORMING) {
-    Event(job, "lost", what);
+    ++job.members_lost;
+    Event(job, "lost", what, node_name);
     if (job.members.empty()) {
-      LOG(INFO) << "job=" << job.name
-                << " forgotten: every node left before it was sealed";
+      LOG(INFO) << LogPrefix({job.name, job.generation, node_name})
+                << "forgotten: every node left before it was sealed";
       const std::string name = job.name;
       jobs_.erase(name);
       listener_->OnJobRemoved(name);
@@ -346,7 +350,7 @@ void JobManager::LoseMember(Job& job, const std::string& node_name,
     return;
   }
   if (job.finishing) {
-    Event(job, "leave", what);
+    Event(job, "leave", what, node_name);
     const bool all_finished =
         std::all_of(job.members.begin(), job.members.end(),
                     [](const Member& m) { return m.finished; });
@@ -357,7 +361,8 @@ void JobManager::LoseMember(Job& job, const std::string& node_name,
     return;
   }
 
-  Event(job, "lost", what);
+  ++job.members_lost;
+  Event(job, "lost", what, node_name);
   if (job.state == v1::JOB_STATE_RUNNING) {
     // The first loss ends the running generation and tells the survivors.
     // Later losses while re-forming only go to the event log: a mass failure
@@ -451,7 +456,8 @@ absl::Status JobManager::Leave(Session& session, const v1::LeaveJob& leave) {
   session.jobs.erase(job->name);
   job->finishing = true;
   Event(*job, "leave",
-        absl::StrCat("node ", session.node_name, " finished: ", reason));
+        absl::StrCat("node ", session.node_name, " finished: ", reason),
+        session.node_name);
   const bool all_finished =
       std::all_of(job->members.begin(), job->members.end(),
                   [](const Member& m) { return m.finished; });
@@ -471,9 +477,8 @@ void JobManager::MoveMemberships(Session& old_session, Session& session) {
     member->session = session.id;
     member->connected = true;
     session.jobs.insert(name);
-    LOG(INFO) << "job=" << name << " gen=" << job->generation
-              << " node=" << session.node_name
-              << " reconnected on a new session";
+    LOG(INFO) << LogPrefix({name, job->generation, session.node_name})
+              << "reconnected on a new session";
   }
   old_session.jobs.clear();
 }
@@ -576,9 +581,9 @@ void JobManager::Broadcast(const std::string& job,
 }
 
 void JobManager::Event(Job& job, const std::string& kind,
-                       const std::string& message) {
-  LOG(INFO) << "job=" << job.name << " gen=" << job.generation << " " << kind
-            << ": " << message;
+                       const std::string& message, const std::string& node) {
+  LOG(INFO) << LogPrefix({job.name, job.generation, node}) << kind << ": "
+            << message;
   v1::JobEvent event;
   event.set_unix_ms(absl::ToUnixMillis(clock_->Now()));
   event.set_kind(kind);
@@ -686,6 +691,11 @@ std::vector<std::string> JobManager::JobNames() const {
   names.reserve(jobs_.size());
   for (const auto& [name, job] : jobs_) names.push_back(name);
   return names;
+}
+
+int64_t JobManager::MembersLost(const std::string& job) const {
+  const Job* found = FindJob(job);
+  return found == nullptr ? 0 : found->members_lost;
 }
 
 }  // namespace baton

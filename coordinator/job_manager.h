@@ -106,6 +106,9 @@ class JobManager {
   // add theirs. NOT_FOUND for an unknown job.
   absl::Status FillStatus(const std::string& job, v1::JobStatus* status) const;
   std::vector<std::string> JobNames() const;
+  // Members the job lost since it was created (every "lost" event, also
+  // those the bounded event log no longer holds); 0 for an unknown job.
+  int64_t MembersLost(const std::string& job) const;
 
  private:
   struct Member;
@@ -129,7 +132,9 @@ class JobManager {
   // Seals a re-forming job that has min_nodes members again.
   void ResealIfWhole(const std::string& job);
   void EndJob(Job& job, v1::JobState state, const std::string& reason);
-  void Event(Job& job, const std::string& kind, const std::string& message);
+  // `node`: the node the event is about, for the log line's prefix.
+  void Event(Job& job, const std::string& kind, const std::string& message,
+             const std::string& node = "");
   void SendToMember(const Member& member, const OutboundMessage& message);
   // Answers a join or rejoin (request `seq`) with the job's state.
   void SendJoinAccepted(const Job& job, SessionId session, uint64_t seq);

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/log_context.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
 #include "coordinator/job.h"
@@ -106,7 +107,8 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
     Event(*job, "recovered",
           absl::StrCat("rebuilt generation ", m.generation(), " (",
                        m.nodes_size(), " nodes, world size ", m.world_size(),
-                       ") from node ", session.node_name, "'s report"));
+                       ") from node ", session.node_name, "'s report"),
+          session.node_name);
   } else {
     if (Ended(job->state)) {
       return absl::FailedPreconditionError(
@@ -165,8 +167,8 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
   member->agent_instance = session.agent_instance;
   session.jobs.insert(job->name);
   if (!created) {
-    LOG(INFO) << "job=" << job->name << " gen=" << job->generation
-              << " node=" << session.node_name << " re-reported its state";
+    LOG(INFO) << LogPrefix({job->name, job->generation, session.node_name})
+              << "re-reported its state";
   }
 
   SendJoinAccepted(*job, session.id, seq);

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/init.h"
+#include "common/metrics.h"
 #include "common/validation.h"
 #include "coordinator/coordinator_options.h"
 #include "coordinator/grpc/coordinator_server.h"
@@ -52,6 +53,9 @@ DEFINE_int64(shutdown_grace_ms, 3000,
 DEFINE_int32(events_per_job, 100, "Recent events kept per job (a count)");
 DEFINE_int32(max_message_bytes, 16777216,
              "Largest gRPC message in bytes the coordinator sends or accepts");
+DEFINE_string(metrics_listen, "",
+              "Address of the Prometheus endpoint (GET /metrics), host:port "
+              "(port 0 picks a free port, printed at start); empty: none");
 
 namespace baton {
 namespace {
@@ -121,6 +125,10 @@ absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat(status.message(), ": fix --listen"));
   }
+  if (absl::Status status = ValidateMetricsListen(FLAGS_metrics_listen);
+      !status.ok()) {
+    return status;
+  }
 
   CoordinatorOptions options;
   options.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
@@ -159,8 +167,16 @@ int Main(int argc, char** argv) {
                  std::string(port.status().message()).c_str());
     return 1;
   }
+  const absl::StatusOr<std::string> metrics_url =
+      server.ServeMetrics(FLAGS_metrics_listen);
+  if (!metrics_url.ok()) {
+    std::fprintf(stderr, "baton-coordinator: %s\n",
+                 std::string(metrics_url.status().message()).c_str());
+    return 1;
+  }
   std::printf("baton-coordinator listening on %s\n",
               BoundAddress(FLAGS_listen, *port).c_str());
+  PrintMetricsUrl(*metrics_url);
   std::fflush(stdout);
 
   int signal_number = 0;

@@ -344,6 +344,8 @@ void StepManager::FillStatus(const std::string& job_name, absl::Time now,
       member.set_queue_depth(stats.queue_depth());
       member.set_bytes_in_flight(stats.bytes_in_flight());
       *member.mutable_tensor_latencies() = stats.tensor_latencies();
+      member.set_scheduling(stats.scheduling());
+      member.set_credit_bytes(stats.credit_bytes());
     }
   }
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_util.h"
+#include "coordinator/coordinator_metrics.h"
 
 namespace baton {
 
@@ -51,6 +52,19 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& listen_address,
   return port;
 }
 
+absl::StatusOr<std::string> CoordinatorServer::ServeMetrics(
+    const std::string& listen_address) {
+  CHECK(server_ != nullptr && metrics_ == nullptr)
+      << "CoordinatorServer::ServeMetrics called before Start or twice";
+  if (listen_address.empty()) return "";
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
+      MetricsEndpoint::Start(listen_address);
+  if (!endpoint.ok()) return endpoint.status();
+  metrics_ = *std::move(endpoint);
+  metrics_->Add(std::make_shared<CoordinatorMetrics>(&loop_, &coordinator_));
+  return metrics_->url();
+}
+
 void CoordinatorServer::Shutdown(absl::Duration grace,
                                  const std::string& reason) {
   if (server_ == nullptr || shut_down_) return;
@@ -65,6 +79,7 @@ void CoordinatorServer::Shutdown(absl::Duration grace,
   // running meanwhile: the calls finish through it.
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
+  metrics_.reset();
   loop_.Stop();
   loop_thread_.join();
   // Tasks posted by the last reactions (their sessions' ends) still run, on

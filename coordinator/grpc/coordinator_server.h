@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "coordinator/control_loop.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_options.h"
@@ -38,6 +39,13 @@ class CoordinatorServer {
   absl::StatusOr<int> Start(const std::string& listen_address,
                             int max_message_bytes);
 
+  // Serves the coordinator's Prometheus metrics on `listen_address`
+  // ("host:port"; port 0 picks a free port) until Shutdown. Call after
+  // Start, at most once. Returns the endpoint's URL; UNAVAILABLE when the
+  // address cannot be bound. An empty address (--metrics_listen's default)
+  // serves nothing and returns "".
+  absl::StatusOr<std::string> ServeMetrics(const std::string& listen_address);
+
   // Reports NOT_SERVING, tells every agent the coordinator is going away and
   // closes their sessions, stops accepting calls, waits up to `grace` for
   // calls in progress and cancels the rest, then stops the control loop.
@@ -59,6 +67,8 @@ class CoordinatorServer {
   StatusService status_;
 
   std::unique_ptr<grpc::Server> server_;
+  // Reads the coordinator through the loop: stopped before the loop is.
+  std::unique_ptr<MetricsEndpoint> metrics_;
   std::thread loop_thread_;
   bool shut_down_ = false;
 };

@@ -12,6 +12,22 @@ namespace baton {
 StatusService::StatusService(ControlLoop* loop, Coordinator* coordinator)
     : loop_(loop), coordinator_(coordinator) {}
 
+template <typename Response, typename Compute>
+grpc::ServerUnaryReactor* StatusService::AnswerOnLoop(
+    grpc::CallbackServerContext* context, Response* response, Compute compute) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  loop_->Post([compute = std::move(compute), response, reactor]() {
+    absl::StatusOr<Response> answer = compute();
+    if (!answer.ok()) {
+      reactor->Finish(ToGrpcStatus(answer.status()));
+      return;
+    }
+    *response = *std::move(answer);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* StatusService::ListJobs(
     grpc::CallbackServerContext* context,
     const v1::ListJobsRequest* /*request*/, v1::ListJobsResponse* response) {
@@ -26,15 +42,35 @@ grpc::ServerUnaryReactor* StatusService::ListJobs(
 grpc::ServerUnaryReactor* StatusService::GetJob(
     grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
     v1::JobStatus* response) {
+  return AnswerOnLoop(context, response, [coordinator = coordinator_, request] {
+    return coordinator->GetJob(request->job());
+  });
+}
+
+grpc::ServerUnaryReactor* StatusService::GetTensors(
+    grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
+    v1::TensorsStatus* response) {
+  return AnswerOnLoop(context, response, [coordinator = coordinator_, request] {
+    return coordinator->GetTensors(request->job());
+  });
+}
+
+grpc::ServerUnaryReactor* StatusService::GetTimeline(
+    grpc::CallbackServerContext* context, const v1::GetTimelineRequest* request,
+    v1::Timeline* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The reactor finishes when the agents answered (or at the deadline),
+  // from a later turn of the control loop.
   loop_->Post([coordinator = coordinator_, request, response, reactor]() {
-    absl::StatusOr<v1::JobStatus> job = coordinator->GetJob(request->job());
-    if (!job.ok()) {
-      reactor->Finish(ToGrpcStatus(job.status()));
-      return;
-    }
-    *response = *std::move(job);
-    reactor->Finish(grpc::Status::OK);
+    coordinator->GetTimeline(
+        *request, [response, reactor](absl::StatusOr<v1::Timeline> timeline) {
+          if (!timeline.ok()) {
+            reactor->Finish(ToGrpcStatus(timeline.status()));
+            return;
+          }
+          *response = *std::move(timeline);
+          reactor->Finish(grpc::Status::OK);
+        });
   });
   return reactor;
 }

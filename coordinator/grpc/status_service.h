@@ -23,8 +23,20 @@ class StatusService final : public v1::Status::CallbackService {
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
                                    const v1::GetJobRequest* request,
                                    v1::JobStatus* response) override;
+  grpc::ServerUnaryReactor* GetTensors(grpc::CallbackServerContext* context,
+                                       const v1::GetJobRequest* request,
+                                       v1::TensorsStatus* response) override;
+  grpc::ServerUnaryReactor* GetTimeline(grpc::CallbackServerContext* context,
+                                        const v1::GetTimelineRequest* request,
+                                        v1::Timeline* response) override;
 
  private:
+  // Finishes the call on the control loop with what `compute` (a
+  // StatusOr<Response>() run there) returns.
+  template <typename Response, typename Compute>
+  grpc::ServerUnaryReactor* AnswerOnLoop(grpc::CallbackServerContext* context,
+                                         Response* response, Compute compute);
+
   // Constant after construction.
   ControlLoop* const loop_;
   Coordinator* const coordinator_;

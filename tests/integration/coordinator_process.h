@@ -42,6 +42,9 @@ class CoordinatorProcess {
 
   bool running() const { return process_.running(); }
   pid_t pid() const { return process_.pid(); }
+  // Everything printed on stdout after the "listening on" line so far
+  // (ChildProcess::stdout_text).
+  std::string stdout_text() const { return process_.stdout_text(); }
   // "127.0.0.1:PORT" as printed by the coordinator; valid after Start.
   const std::string& address() const { return address_; }
   int port() const { return port_; }

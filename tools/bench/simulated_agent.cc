@@ -206,6 +206,15 @@ void SimulatedAgent::Handle(const v1::CoordinatorMessage& message) {
     case v1::CoordinatorMessage::kShutdown:
       recorder_->Count(&LoadRecorder::Counters::shutdowns);
       return;
+    case v1::CoordinatorMessage::kTimelineRequest: {
+      // A simulated agent runs no collectives: it has nothing recorded.
+      v1::AgentMessage reply;
+      reply.mutable_timeline_reply()->set_request_id(
+          message.timeline_request().request_id());
+      reply.mutable_timeline_reply()->set_job(message.timeline_request().job());
+      Send(std::move(reply));
+      return;
+    }
     case v1::CoordinatorMessage::BODY_NOT_SET:
       return;
   }

@@ -1,5 +1,6 @@
 // The scheduler's pieces: the negotiation vector, the launch queue, and the
 // data plane run as N nodes (threads) over real gloo on loopback.
+#include <algorithm>
 #include <cstdio>
 #include <future>
 #include <map>
@@ -9,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "agent/data_plane.h"
 #include "agent/launch_queue.h"
@@ -148,6 +150,8 @@ TEST(LaunchQueueTest, ClearReturnsEachQueuedOperationOnce) {
 
 // One node of a data-plane test: its data plane, buffers and trace.
 struct Node {
+  // Declared before the plane, which records into it.
+  TimelineRecorder timeline{1000};
   std::unique_ptr<DataPlane> plane;
   std::FILE* trace = nullptr;
   std::mutex mu;
@@ -188,6 +192,7 @@ class DataPlaneTest : public ::testing::Test {
       options.num_nodes = nodes;
       options.world_size = nodes;
       options.launch_trace = node->trace;
+      options.timeline = &node->timeline;
       Node* n = node.get();
       DataPlane::Callbacks callbacks;
       callbacks.op_done = [n](uint64_t id, absl::Status status) {
@@ -279,6 +284,59 @@ TEST_F(DataPlaneTest, RandomSubmissionOrderGivesOneLaunchOrderAndRightSums) {
   EXPECT_THAT(first, HasSubstr("tensor=11"));
   EXPECT_EQ(nodes_[1]->Trace(), first);
   EXPECT_EQ(nodes_[2]->Trace(), first);
+
+  // The timeline: every partition once, its phases in order, in the same
+  // launch order on every node, spread over the two data channels.
+  size_t partitions = 0;
+  for (uint32_t t = 0; t < kTensors; ++t) {
+    partitions += ((1000 + 300 * t) * 4 + 1023) / 1024;
+  }
+  std::vector<std::string> orders;
+  for (int rank = 0; rank < 3; ++rank) {
+    bool truncated = true;
+    std::vector<v1::PartitionTrace> records =
+        nodes_[rank]->timeline.Query(0, 0, &truncated);
+    EXPECT_FALSE(truncated);
+    ASSERT_EQ(records.size(), partitions) << "node " << rank;
+    std::sort(records.begin(), records.end(), [](const auto& a, const auto& b) {
+      return a.launch_seq() < b.launch_seq();
+    });
+    std::string order;
+    for (const v1::PartitionTrace& r : records) {
+      EXPECT_TRUE(r.ok());
+      EXPECT_EQ(r.channel(), static_cast<int32_t>(r.launch_seq() % 2));
+      EXPECT_EQ(r.kind(), "push_pull");
+      EXPECT_EQ(r.tensor(), "t" + std::to_string(r.tensor_id()));
+      EXPECT_GT(r.submitted_us(), 0);
+      const std::vector<int64_t> phases = {r.submitted_us(), r.agreed_us(),
+                                           r.launched_us(),  r.started_us(),
+                                           r.reduced_us(),   r.done_us()};
+      EXPECT_TRUE(std::is_sorted(phases.begin(), phases.end()))
+          << r.ShortDebugString();
+      absl::StrAppend(&order, r.tensor_id(), "/", r.partition(), " ");
+    }
+    orders.push_back(order);
+  }
+  EXPECT_EQ(orders[1], orders[0]);
+  EXPECT_EQ(orders[2], orders[0]);
+}
+
+TEST(TimelineRecorderTest, KeepsTheNewestRecordsAndSaysWhenItDropped) {
+  TimelineRecorder recorder(3);
+  for (int64_t step = 0; step < 5; ++step) {
+    v1::PartitionTrace trace;
+    trace.set_step(step);
+    recorder.Add(trace);
+  }
+  bool truncated = false;
+  std::vector<v1::PartitionTrace> all = recorder.Query(0, 10, &truncated);
+  EXPECT_TRUE(truncated);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0].step(), 2);
+  EXPECT_EQ(all[2].step(), 4);
+  EXPECT_EQ(recorder.Query(2, 3, &truncated).size(), 2u);
+  EXPECT_FALSE(truncated);  // steps 2..3 were never dropped
+  EXPECT_TRUE(recorder.Query(1, 2, &truncated).size() == 1u && truncated);
 }
 
 TEST_F(DataPlaneTest, MismatchedStepsFailOnEveryNodeAndOthersGoOn) {

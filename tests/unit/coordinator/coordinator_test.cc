@@ -10,127 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/coordinator/coordinator_harness.h"
 
 namespace baton {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::SizeIs;
-
-class RecordingChannel : public AgentChannel {
- public:
-  void Send(OutboundMessage message) override {
-    if (!closed) messages.push_back(message->message());
-  }
-  void Close(const absl::Status& status) override {
-    if (closed) return;
-    closed = true;
-    close_status = status;
-  }
-
-  std::vector<v1::CoordinatorMessage> messages;
-  bool closed = false;
-  absl::Status close_status;
-};
-
-struct Agent {
-  std::string node;
-  SessionId id;
-  std::shared_ptr<RecordingChannel> channel;
-  uint64_t seq = 0;
-
-  // Messages of one kind, in arrival order.
-  std::vector<v1::CoordinatorMessage> Received(
-      v1::CoordinatorMessage::BodyCase kind) const {
-    std::vector<v1::CoordinatorMessage> out;
-    for (const auto& m : channel->messages) {
-      if (m.body_case() == kind) out.push_back(m);
-    }
-    return out;
-  }
-  v1::Error LastError() const {
-    auto errors = Received(v1::CoordinatorMessage::kError);
-    return errors.empty() ? v1::Error() : errors.back().error();
-  }
-};
-
-class CoordinatorTest : public ::testing::Test {
- protected:
-  CoordinatorTest() { Restart(); }
-
-  // A fresh coordinator process: no state survives.
-  void Restart() {
-    coordinator_ = std::make_unique<Coordinator>(options_, &clock_);
-  }
-
-  Agent Connect(const std::string& node, const std::string& instance = "") {
-    Agent agent;
-    agent.node = node;
-    agent.id = SessionId(next_session_++);
-    agent.channel = std::make_shared<RecordingChannel>();
-    coordinator_->OnSessionOpened(agent.id, agent.channel);
-    v1::AgentMessage hello;
-    hello.mutable_hello()->set_node_name(node);
-    hello.mutable_hello()->set_agent_instance(instance.empty() ? "i-" + node
-                                                               : instance);
-    Send(agent, hello);
-    return agent;
-  }
-
-  void Send(Agent& agent, v1::AgentMessage message) {
-    message.set_seq(++agent.seq);
-    coordinator_->OnAgentMessage(agent.id, message);
-  }
-
-  void Join(Agent& agent, const std::string& job, int local_size,
-            int expected_nodes, int min_nodes = 0) {
-    v1::AgentMessage message;
-    auto* join = message.mutable_join();
-    join->set_job(job);
-    join->set_data_address(agent.node + ".example:7000");
-    join->set_local_size(local_size);
-    join->set_expected_nodes(expected_nodes);
-    join->set_min_nodes(min_nodes);
-    Send(agent, message);
-  }
-
-  void Heartbeat(Agent& agent) {
-    v1::AgentMessage message;
-    message.mutable_heartbeat();
-    Send(agent, message);
-  }
-
-  // Advances the clock in tick steps, heartbeating `alive` agents every
-  // second, until `done` or `limit`. Returns the time it took.
-  absl::Duration RunUntil(std::vector<Agent*> alive,
-                          const std::function<bool()>& done,
-                          absl::Duration limit) {
-    absl::Duration elapsed;
-    absl::Duration since_heartbeat;
-    while (!done() && elapsed < limit) {
-      clock_.Advance(options_.tick_interval);
-      elapsed += options_.tick_interval;
-      since_heartbeat += options_.tick_interval;
-      if (since_heartbeat >= absl::Seconds(1)) {
-        for (Agent* agent : alive) Heartbeat(*agent);
-        since_heartbeat = absl::ZeroDuration();
-      }
-      coordinator_->Tick();
-    }
-    return elapsed;
-  }
-
-  v1::JobStatus Status(const std::string& job) {
-    absl::StatusOr<v1::JobStatus> status = coordinator_->GetJob(job);
-    EXPECT_TRUE(status.ok()) << status.status();
-    return status.ok() ? *status : v1::JobStatus();
-  }
-
-  FakeClock clock_;
-  CoordinatorOptions options_;
-  std::unique_ptr<Coordinator> coordinator_;
-  uint64_t next_session_ = 1;
-};
 
 TEST_F(CoordinatorTest, HelloIsAcceptedWithTheLivenessContract) {
   Agent a = Connect("n0");

@@ -1,0 +1,165 @@
+#include "coordinator/coordinator_metrics.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
+#include "common/metrics.h"
+#include "glog/logging.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/metric_type.h"
+
+namespace baton {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+MetricFamily NewFamily(const char* name, const char* help, MetricType type) {
+  MetricFamily family;
+  family.name = name;
+  family.help = help;
+  family.type = type;
+  return family;
+}
+
+void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels,
+               double value) {
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  if (family.type == MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
+  family.metric.push_back(std::move(metric));
+}
+
+// JOB_STATE_REFORMING -> "reforming".
+std::string StateLabel(v1::JobState state) {
+  return absl::AsciiStrToLower(
+      absl::StripPrefix(v1::JobState_Name(state), "JOB_STATE_"));
+}
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics(ControlLoop* loop,
+                                       const Coordinator* coordinator,
+                                       absl::Duration timeout)
+    : loop_(loop), coordinator_(coordinator), timeout_(timeout) {}
+
+CoordinatorMetrics::Snapshot CoordinatorMetrics::Take(
+    const Coordinator& coordinator) {
+  Snapshot snapshot;
+  snapshot.connected_agents = coordinator.ConnectedAgents();
+  snapshot.jobs = coordinator.ListJobs();
+  for (const v1::JobStatus& job : snapshot.jobs.jobs()) {
+    snapshot.members_lost[job.job()] = coordinator.MembersLost(job.job());
+  }
+  return snapshot;
+}
+
+std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
+  // Shared with the task: it may run after this scrape gave up on it.
+  struct Pending {
+    absl::Notification done;
+    Snapshot snapshot;
+  };
+  auto pending = std::make_shared<Pending>();
+  loop_->Post([pending, coordinator = coordinator_] {
+    pending->snapshot = Take(*coordinator);
+    pending->done.Notify();
+  });
+  if (!pending->done.WaitForNotificationWithTimeout(timeout_)) {
+    LOG(WARNING) << "metrics scrape: the control loop did not answer within "
+                 << timeout_ << "; this scrape has no metrics";
+    return {};
+  }
+  return Families(pending->snapshot);
+}
+
+std::vector<MetricFamily> CoordinatorMetrics::Families(
+    const Snapshot& snapshot) {
+  MetricFamily agents = NewFamily(
+      "baton_connected_agents",
+      "Agents with an open session to the coordinator.", MetricType::Gauge);
+  AddSample(agents, {}, snapshot.connected_agents);
+
+  MetricFamily jobs =
+      NewFamily("baton_jobs",
+                "Jobs the coordinator knows, by state (ended jobs stay for "
+                "--job_retention_ms).",
+                MetricType::Gauge);
+  for (int state = v1::JobState_MIN; state <= v1::JobState_MAX; ++state) {
+    if (!v1::JobState_IsValid(state) || state == v1::JOB_STATE_UNSPECIFIED) {
+      continue;
+    }
+    int count = 0;
+    for (const v1::JobStatus& job : snapshot.jobs.jobs()) {
+      if (job.state() == state) ++count;
+    }
+    AddSample(jobs, {{"state", StateLabel(static_cast<v1::JobState>(state))}},
+              count);
+  }
+
+  MetricFamily generation = NewFamily(
+      "baton_job_generation",
+      "The job's generation: the sealed one while running, else the one the "
+      "next seal will have.",
+      MetricType::Gauge);
+  MetricFamily world_size = NewFamily(
+      "baton_job_world_size",
+      "Trainer ranks in the job's last sealed generation.", MetricType::Gauge);
+  MetricFamily nodes = NewFamily(
+      "baton_job_nodes", "Member nodes the job has now.", MetricType::Gauge);
+  MetricFamily global_step = NewFamily(
+      "baton_job_global_step",
+      "Last step completed by every rank of the job; -1 before the first.",
+      MetricType::Gauge);
+  MetricFamily stalled = NewFamily(
+      "baton_job_stalled_tensors",
+      "Tensors some ranks submitted and others have not, for longer than "
+      "--stall_threshold_ms.",
+      MetricType::Gauge);
+  MetricFamily lost = NewFamily(
+      "baton_members_lost_total",
+      "Member nodes the job lost (session ended or silent, left unfinished) "
+      "since it was created.",
+      MetricType::Counter);
+  MetricFamily lag =
+      NewFamily("baton_rank_lag_steps",
+                "Steps the rank is behind the fastest rank of its job.",
+                MetricType::Gauge);
+  for (const v1::JobStatus& job : snapshot.jobs.jobs()) {
+    const std::vector<ClientMetric::Label> labels = {{kJobLabel, job.job()}};
+    AddSample(generation, labels, job.generation());
+    AddSample(world_size, labels, job.world_size());
+    AddSample(nodes, labels, job.members_size());
+    AddSample(global_step, labels, job.global_step());
+    AddSample(stalled, labels, job.stalls_size());
+    auto it = snapshot.members_lost.find(job.job());
+    AddSample(lost, labels, it == snapshot.members_lost.end() ? 0 : it->second);
+    for (const v1::MemberStatus& member : job.members()) {
+      for (const v1::RankStatus& rank : member.ranks()) {
+        AddSample(lag,
+                  {{kJobLabel, job.job()}, {"rank", absl::StrCat(rank.rank())}},
+                  rank.lag());
+      }
+    }
+  }
+
+  std::vector<MetricFamily> families;
+  for (MetricFamily* family : {&agents, &jobs, &generation, &world_size, &nodes,
+                               &global_step, &stalled, &lost, &lag}) {
+    // A family without samples (no jobs yet) is left out rather than
+    // announced empty.
+    if (!family->metric.empty()) families.push_back(std::move(*family));
+  }
+  return families;
+}
+
+}  // namespace baton

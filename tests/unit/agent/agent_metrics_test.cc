@@ -1,0 +1,117 @@
+// The agent's per-job series: what an operation's outcome adds, and how long
+// the series of an ended job stay on the endpoint.
+#include "agent/agent_metrics.h"
+
+#include <chrono>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "tests/integration/metrics_scrape.h"
+
+namespace baton::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::Optional;
+using Clock = std::chrono::steady_clock;
+
+std::string Scrape(const AgentMetrics& metrics) {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, metrics.registry()->Collect());
+  return out.str();
+}
+
+TEST(AgentMetricsTest, CompletedOperationsFillTheTensorsLatencyHistogram) {
+  AgentMetrics metrics(seconds(300));
+  std::shared_ptr<JobMetrics> job = metrics.ForJob("j1");
+  job->OperationCompleted("layer1.weight", milliseconds(2), 4096);
+  job->OperationCompleted("layer1.weight", milliseconds(40), 4096);
+  job->OperationCompleted("layer2.bias", milliseconds(1), 64);
+  job->OperationFailed();
+  job->EnqueueRefused();
+  job->EnqueueRefused();
+  job->SetDataPlane(3, 1 << 20);
+  job->SetTrainersAttached(2);
+
+  const std::string text = Scrape(metrics);
+  const std::string w = "{job_name=\"j1\",tensor=\"layer1.weight\"";
+  const std::optional<double> sum =
+      SampleValue(text, "baton_tensor_latency_seconds_sum" + w + "}");
+  ASSERT_TRUE(sum.has_value()) << text;
+  EXPECT_NEAR(*sum, 0.042, 1e-9);
+  EXPECT_EQ(
+      SampleMismatches(
+          text,
+          {
+              {"baton_tensor_latency_seconds_count" + w + "}", 2},
+              // 2 ms is in the 2.5 ms bucket, 40 ms only from 50 ms on.
+              {"baton_tensor_latency_seconds_bucket" + w + ",le=\"0.0025\"}",
+               1},
+              {"baton_tensor_latency_seconds_bucket" + w + ",le=\"0.025\"}", 1},
+              {"baton_tensor_latency_seconds_bucket" + w + ",le=\"0.05\"}", 2},
+              {"baton_data_bytes_total{job_name=\"j1\"}", 4096 * 2 + 64},
+              {"baton_operations_total{job_name=\"j1\",result=\"ok\"}", 3},
+              {"baton_operations_total{job_name=\"j1\",result=\"failed\"}", 1},
+              {"baton_operations_total{job_name=\"j1\",result=\"refused\"}", 2},
+              {"baton_queue_depth{job_name=\"j1\"}", 3},
+              {"baton_credit_in_use_bytes{job_name=\"j1\"}", 1 << 20},
+              {"baton_trainers_attached{job_name=\"j1\"}", 2},
+          }),
+      "")
+      << text;
+}
+
+TEST(AgentMetricsTest, AJobAttachedAgainKeepsCounting) {
+  AgentMetrics metrics(seconds(300));
+  metrics.ForJob("j1")->OperationCompleted("w", milliseconds(1), 8);
+  metrics.ForJob("j1")->OperationCompleted("w", milliseconds(1), 8);
+  EXPECT_THAT(
+      SampleValue(Scrape(metrics), "baton_data_bytes_total{job_name=\"j1\"}"),
+      Optional(16.0));
+}
+
+TEST(AgentMetricsTest, EndedJobsSeriesStayForTheRetentionThenGo) {
+  AgentMetrics metrics(seconds(300));
+  std::shared_ptr<JobMetrics> running = metrics.ForJob("running");
+  std::shared_ptr<JobMetrics> ended = metrics.ForJob("ended");
+  running->OperationCompleted("w", milliseconds(1), 8);
+  ended->OperationCompleted("w", milliseconds(1), 8);
+  ended.reset();
+
+  const Clock::time_point t0 = Clock::now();
+  metrics.RemoveIdle(t0);
+  metrics.RemoveIdle(t0 + seconds(299));
+  EXPECT_THAT(Scrape(metrics), HasSubstr("job_name=\"ended\""));
+
+  metrics.RemoveIdle(t0 + seconds(300));
+  const std::string text = Scrape(metrics);
+  EXPECT_THAT(text, Not(HasSubstr("job_name=\"ended\"")));
+  // A job still held is never removed, however long it runs.
+  metrics.RemoveIdle(t0 + seconds(3600));
+  EXPECT_THAT(SampleValue(Scrape(metrics),
+                          "baton_data_bytes_total{job_name=\"running\"}"),
+              Optional(8.0));
+}
+
+TEST(AgentMetricsTest, AJobAttachedAgainWithinTheRetentionIsKept) {
+  AgentMetrics metrics(seconds(300));
+  metrics.ForJob("j1")->OperationCompleted("w", milliseconds(1), 8);
+  const Clock::time_point t0 = Clock::now();
+  metrics.RemoveIdle(t0);
+  std::shared_ptr<JobMetrics> again = metrics.ForJob("j1");
+  metrics.RemoveIdle(t0 + seconds(301));
+  again->OperationCompleted("w", milliseconds(1), 8);
+  EXPECT_THAT(
+      SampleValue(Scrape(metrics), "baton_data_bytes_total{job_name=\"j1\"}"),
+      Optional(16.0));
+}
+
+}  // namespace
+}  // namespace baton::agent

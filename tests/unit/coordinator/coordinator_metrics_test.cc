@@ -1,0 +1,149 @@
+// The coordinator's metrics as a scrape sees them: values from the job
+// state (generation, world size, global step, lags, losses) and the scrape's
+// trip through the control loop.
+#include "coordinator/coordinator_metrics.h"
+
+#include <atomic>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "coordinator/control_loop.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "tests/integration/metrics_scrape.h"
+#include "tests/unit/coordinator/coordinator_harness.h"
+
+namespace baton {
+namespace {
+
+using ::testing::IsEmpty;
+
+std::string Text(const std::vector<prometheus::MetricFamily>& families) {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, families);
+  return out.str();
+}
+
+class CoordinatorMetricsTest : public CoordinatorTest {
+ protected:
+  // Job "job": node n0 with ranks 0 and 1, node n1 with rank 2.
+  void SetUp() override {
+    nodes_ = JoinNodes("job", {2, 1});
+    ASSERT_EQ(Status("job").world_size(), 3);
+  }
+
+  // `node` reports its ranks' completed steps: {rank, step}.
+  void Report(Agent& node,
+              const std::vector<std::pair<int32_t, int64_t>>& steps) {
+    v1::AgentMessage message;
+    v1::StepReport* report = message.mutable_step_report();
+    report->set_job("job");
+    report->set_generation(1);
+    for (const auto& [rank, step] : steps) {
+      v1::RankProgress* progress = report->add_ranks();
+      progress->set_rank(rank);
+      progress->set_completed_step(step);
+    }
+    Send(node, message);
+  }
+
+  std::string Scrape() {
+    return Text(
+        CoordinatorMetrics::Families(CoordinatorMetrics::Take(*coordinator_)));
+  }
+
+  std::vector<Agent> nodes_;
+};
+
+TEST_F(CoordinatorMetricsTest, RunningJobShowsItsGenerationStepAndLags) {
+  Report(nodes_[0], {{0, 5}, {1, 4}});
+  Report(nodes_[1], {{2, 3}});
+  const std::string text = Scrape();
+  EXPECT_EQ(SampleMismatches(
+                text,
+                {
+                    {"baton_connected_agents", 2},
+                    {"baton_jobs{state=\"running\"}", 1},
+                    {"baton_jobs{state=\"forming\"}", 0},
+                    {"baton_jobs{state=\"failed\"}", 0},
+                    {"baton_job_generation{job_name=\"job\"}", 1},
+                    {"baton_job_world_size{job_name=\"job\"}", 3},
+                    {"baton_job_nodes{job_name=\"job\"}", 2},
+                    {"baton_job_global_step{job_name=\"job\"}", 3},
+                    {"baton_rank_lag_steps{job_name=\"job\",rank=\"0\"}", 0},
+                    {"baton_rank_lag_steps{job_name=\"job\",rank=\"1\"}", 1},
+                    {"baton_rank_lag_steps{job_name=\"job\",rank=\"2\"}", 2},
+                    {"baton_job_stalled_tensors{job_name=\"job\"}", 0},
+                    {"baton_members_lost_total{job_name=\"job\"}", 0},
+                }),
+            "")
+      << text;
+}
+
+TEST_F(CoordinatorMetricsTest, LostMemberIsCountedAndTheJobReforms) {
+  coordinator_->OnSessionClosed(nodes_[1].id, "connection reset");
+  const std::string lost = Scrape();
+  EXPECT_EQ(
+      SampleMismatches(lost,
+                       {
+                           {"baton_connected_agents", 1},
+                           {"baton_members_lost_total{job_name=\"job\"}", 1},
+                           {"baton_jobs{state=\"reforming\"}", 1},
+                           {"baton_job_generation{job_name=\"job\"}", 2},
+                           {"baton_job_nodes{job_name=\"job\"}", 1},
+                       }),
+      "")
+      << lost;
+
+  // The node comes back: the loss stays counted, the job runs again.
+  Agent back = Connect("n1", "i-n1-restarted");
+  Join(back, "job", 1, 2);
+  const std::string resealed = Scrape();
+  EXPECT_EQ(
+      SampleMismatches(resealed,
+                       {
+                           {"baton_members_lost_total{job_name=\"job\"}", 1},
+                           {"baton_jobs{state=\"running\"}", 1},
+                           {"baton_jobs{state=\"reforming\"}", 0},
+                       }),
+      "")
+      << resealed;
+}
+
+TEST_F(CoordinatorMetricsTest, ScrapeIsAnsweredOnTheControlLoop) {
+  ControlLoop loop;
+  const CoordinatorMetrics metrics(&loop, coordinator_.get());
+  std::atomic<bool> done{false};
+  std::string text;
+  std::thread scrape([&] {
+    text = Text(metrics.Collect());
+    done = true;
+  });
+  // This thread plays the loop's: the scrape waits until it runs the task.
+  while (!done) {
+    loop.RunUntilIdle();
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  scrape.join();
+  EXPECT_EQ(
+      SampleMismatches(text, {{"baton_job_world_size{job_name=\"job\"}", 3}}),
+      "")
+      << text;
+}
+
+TEST_F(CoordinatorMetricsTest, ScrapeOfAStuckLoopEndsEmptyAtItsTimeout) {
+  ControlLoop loop;  // never run
+  const CoordinatorMetrics metrics(&loop, coordinator_.get(),
+                                   absl::Milliseconds(50));
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(metrics.Collect(), IsEmpty());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace baton

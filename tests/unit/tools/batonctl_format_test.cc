@@ -1,0 +1,315 @@
+// batonctl's text and JSON output for fixed coordinator responses. The text
+// is compared with golden files in testdata/; BATON_UPDATE_GOLDEN=1 rewrites
+// them (then review the diff).
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "tools/batonctl/format.h"
+#include "tools/batonctl/status_client.h"
+
+namespace baton::batonctl {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// "now" of every test: 2024-05-01 12:00:00 UTC.
+constexpr int64_t kNowMs = 1714564800000;
+const absl::Time kNow = absl::FromUnixMillis(kNowMs);
+
+std::string Golden(const std::string& name) {
+  return std::string(BATONCTL_TESTDATA) + "/" + name;
+}
+
+void ExpectGolden(const std::string& name, const std::string& actual) {
+  if (std::getenv("BATON_UPDATE_GOLDEN") != nullptr) {
+    std::ofstream(Golden(name)) << actual;
+  }
+  std::ifstream in(Golden(name));
+  ASSERT_TRUE(in) << "missing " << Golden(name)
+                  << ": run with BATON_UPDATE_GOLDEN=1 to write it";
+  const std::string expected((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  EXPECT_EQ(actual, expected) << "output differs from " << Golden(name);
+}
+
+v1::MemberStatus* AddMember(v1::JobStatus& job, const std::string& name,
+                            int node_rank, int local_size) {
+  v1::MemberStatus* m = job.add_members();
+  m->set_node_name(name);
+  m->set_data_address(name + ".cluster:29500");
+  m->set_node_rank(node_rank);
+  m->set_rank_offset(node_rank < 0 ? -1 : node_rank * local_size);
+  m->set_local_size(local_size);
+  m->set_connected(node_rank >= 0);
+  if (node_rank >= 0) m->set_last_seen_unix_ms(kNowMs - 1500);
+  for (int i = 0; node_rank >= 0 && i < local_size; ++i) {
+    v1::RankStatus* r = m->add_ranks();
+    r->set_rank(node_rank * local_size + i);
+  }
+  return m;
+}
+
+void AddEvent(v1::JobStatus& job, int64_t seconds_ago, const std::string& kind,
+              int64_t generation, const std::string& message) {
+  v1::JobEvent* e = job.add_events();
+  e->set_unix_ms(kNowMs - seconds_ago * 1000);
+  e->set_kind(kind);
+  e->set_generation(generation);
+  e->set_message(message);
+}
+
+// A running job with a lagging rank, a stall, a mismatch, a member that
+// joined but is not sealed yet, and more events than status shows.
+v1::JobStatus RunningJob() {
+  v1::JobStatus job;
+  job.set_job("resnet");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_state_reason("generation 3 sealed with 2 nodes, world size 4");
+  job.set_generation(3);
+  job.set_expected_nodes(2);
+  job.set_min_nodes(2);
+  job.set_world_size(4);
+  job.set_created_unix_ms(kNowMs - 3723000);
+  v1::MemberStatus* n1 = AddMember(job, "n1", 0, 2);
+  n1->set_throughput_bytes_per_second(1.5 * 1024 * 1024 * 1024);
+  n1->set_queue_depth(3);
+  n1->set_scheduling("priority");
+  n1->set_credit_bytes(16 << 20);
+  n1->set_bytes_in_flight(8 << 20);
+  n1->mutable_ranks(0)->set_completed_step(41);
+  n1->mutable_ranks(1)->set_completed_step(40);
+  n1->mutable_ranks(1)->set_lag(1);
+  v1::MemberStatus* n2 = AddMember(job, "n2", 1, 2);
+  n2->set_last_seen_unix_ms(kNowMs - 75000);
+  n2->set_throughput_bytes_per_second(512 * 1024);
+  n2->mutable_ranks(0)->set_completed_step(41);
+  n2->mutable_ranks(1)->set_completed_step(39);
+  n2->mutable_ranks(1)->set_lag(2);
+  AddMember(job, "n3", -1, 1);
+  job.set_global_step(39);
+  v1::PlanSummary* plan = job.mutable_plan();
+  plan->set_version(2);
+  plan->set_effective_step(10);
+  plan->set_num_tensors(12);
+  plan->set_total_bytes(48 << 20);
+  plan->set_partition_bytes(4 << 20);
+  plan->set_num_partitions(14);
+  v1::Stall* stall = job.add_stalls();
+  stall->set_tensor_id(4);
+  stall->set_tensor("grad.fc.weight");
+  stall->set_step(41);
+  stall->add_missing_ranks(2);
+  stall->add_missing_ranks(3);
+  stall->add_submitted_ranks(0);
+  stall->add_submitted_ranks(1);
+  stall->set_waiting_ms(12400);
+  v1::TensorMismatchStatus* mismatch = job.add_mismatches();
+  mismatch->set_tensor("grad.fc.bias");
+  mismatch->set_field("shape");
+  mismatch->set_message("node n1 declared [10], node n2 declared [12]");
+  for (int i = 0; i < 9; ++i) {
+    AddEvent(job, 3700 - i * 10, "join", 1, "node n" + std::to_string(i));
+  }
+  AddEvent(job, 95, "lost", 2, "node n2 lost: session closed");
+  AddEvent(job, 80, "reforming", 2, "waiting for 2 nodes");
+  AddEvent(job, 5, "sealed", 3, "generation 3 sealed with 2 nodes");
+  return job;
+}
+
+v1::TensorsStatus Tensors() {
+  v1::TensorsStatus tensors;
+  tensors.set_job("resnet");
+  tensors.set_plan_version(2);
+  tensors.set_partition_bytes(4 << 20);
+  const auto add = [&](const std::string& name, v1::DataType dtype,
+                       std::vector<int64_t> shape, int64_t bytes, int priority,
+                       int partitions, int64_t count, int64_t mean,
+                       int64_t max) {
+    v1::TensorStatus* t = tensors.add_tensors();
+    t->set_id(tensors.tensors_size() - 1);
+    t->mutable_spec()->set_name(name);
+    t->mutable_spec()->set_dtype(dtype);
+    for (int64_t d : shape) t->mutable_spec()->add_shape(d);
+    t->mutable_spec()->set_op(v1::COLLECTIVE_OP_PUSH_PULL);
+    t->set_size_bytes(bytes);
+    t->set_priority(priority);
+    t->set_num_partitions(partitions);
+    t->set_latency_count(count);
+    t->set_latency_mean_us(mean);
+    t->set_latency_max_us(max);
+  };
+  add("grad.conv1.weight", v1::DATA_TYPE_FLOAT32, {64, 3, 7, 7}, 37632, 0, 1,
+      12, 850, 2100);
+  add("grad.fc.weight", v1::DATA_TYPE_BFLOAT16, {1000, 2048}, 4096000, 1, 1, 12,
+      14500, 31000);
+  add("grad.layer4.weight", v1::DATA_TYPE_FLOAT32, {2048, 512, 3, 3}, 37748736,
+      2, 9, 0, 0, 0);
+  return tensors;
+}
+
+TEST(BatonctlFormatTest, StatusOfARunningJobHasEverySection) {
+  ExpectGolden("status_running.txt", FormatJob(RunningJob(), kNow));
+}
+
+TEST(BatonctlFormatTest, EmptySectionsOfAFormingJobSayNone) {
+  v1::JobStatus job;
+  job.set_job("forming-job");
+  job.set_state(v1::JOB_STATE_FORMING);
+  job.set_state_reason("waiting for 2 more nodes");
+  job.set_expected_nodes(2);
+  job.set_min_nodes(2);
+  job.set_global_step(-1);
+  ExpectGolden("status_forming.txt", FormatJob(job, kNow));
+}
+
+TEST(BatonctlFormatTest, StatusOfEveryJobSeparatesThemAndSaysWhenThereAreNone) {
+  v1::ListJobsResponse jobs;
+  EXPECT_EQ(FormatJobs(jobs, kNow), "jobs: (none)\n");
+  *jobs.add_jobs() = RunningJob();
+  jobs.add_jobs()->set_job("second");
+  const std::string text = FormatJobs(jobs, kNow);
+  EXPECT_THAT(
+      text, HasSubstr("sealed with 2 nodes\n\n======== job second ========\n"));
+}
+
+TEST(BatonctlFormatTest, JobsIsOneLinePerJob) {
+  v1::ListJobsResponse jobs;
+  *jobs.add_jobs() = RunningJob();
+  v1::JobStatus* failed = jobs.add_jobs();
+  failed->set_job("bert-large");
+  failed->set_state(v1::JOB_STATE_FAILED);
+  failed->set_generation(12);
+  failed->set_world_size(64);
+  failed->set_global_step(100321);
+  EXPECT_EQ(FormatJobList(jobs),
+            "JOB         STATE    GENERATION  WORLD SIZE  GLOBAL STEP\n"
+            "resnet      running  3           4           39\n"
+            "bert-large  failed   12          64          100321\n");
+  EXPECT_EQ(FormatJobList(v1::ListJobsResponse()), "jobs: (none)\n");
+}
+
+TEST(BatonctlFormatTest, MembersIsTheMembershipTable) {
+  EXPECT_EQ(FormatMembers(RunningJob(), kNow),
+            "Membership of job resnet\n"
+            "  NODE  DATA ADDRESS      NODE RANK  RANKS  LAST SEEN  CONNECTED\n"
+            "  n1    n1.cluster:29500  0          0..1   1s ago     yes\n"
+            "  n2    n2.cluster:29500  1          2..3   1m15s ago  yes\n"
+            "  n3    n3.cluster:29500  -          -      -          no\n");
+}
+
+TEST(BatonctlFormatTest, EventsListsEveryEventOldestFirst) {
+  const std::string text = FormatEvents(RunningJob(), kNow);
+  EXPECT_THAT(text, HasSubstr("node n0\n"));
+  EXPECT_THAT(text, HasSubstr("  2024-05-01 11:59:55.000 UTC  5s ago     "
+                              "sealed     3           generation 3 sealed "
+                              "with 2 nodes\n"));
+  EXPECT_LT(text.find("node n0"), text.find("node n2 lost"));
+  // status shows only the last kRecentEvents of the 12.
+  EXPECT_THAT(FormatJob(RunningJob(), kNow), Not(HasSubstr("node n1\n")));
+}
+
+TEST(BatonctlFormatTest, TensorsListsThePlanWithLatencies) {
+  ExpectGolden("tensors.txt", FormatTensors(Tensors()));
+}
+
+TEST(BatonctlFormatTest, TensorsBeforeThePlanSaysNone) {
+  v1::TensorsStatus tensors;
+  tensors.set_job("new");
+  EXPECT_EQ(FormatTensors(tensors),
+            "Tensors of job new: plan version 0, partitions of at most 0 B\n"
+            "  (none)\n");
+}
+
+TEST(BatonctlFormatTest, UnitsAndAges) {
+  EXPECT_EQ(FormatBytes(512), "512 B");
+  EXPECT_EQ(FormatBytes(1536), "1.5 KiB");
+  EXPECT_EQ(FormatBytes(4 << 20), "4.0 MiB");
+  EXPECT_EQ(FormatBytes(3.0 * (1LL << 40)), "3.0 TiB");
+  EXPECT_EQ(FormatMicros(850), "850 us");
+  EXPECT_EQ(FormatMicros(14500), "14.5 ms");
+  EXPECT_EQ(FormatMicros(3400000), "3.40 s");
+  EXPECT_EQ(FormatAgo(0, kNow), "-");
+  EXPECT_EQ(FormatAgo(kNowMs + 2000, kNow), "0s ago");
+  EXPECT_EQ(FormatAgo(kNowMs - 59999, kNow), "59s ago");
+  EXPECT_EQ(FormatAgo(kNowMs - 3723000, kNow), "1h2m ago");
+  EXPECT_EQ(FormatAgo(kNowMs - 90000000, kNow), "1d1h ago");
+}
+
+TEST(BatonctlFormatTest, JsonIsTheProtoWithItsFieldNamesAndEveryField) {
+  const v1::JobStatus job = RunningJob();
+  absl::StatusOr<std::string> json = ToJson(job, /*multiline=*/true);
+  ASSERT_TRUE(json.ok()) << json.status();
+  // Proto field names; zero fields printed; int64 as strings (proto3 JSON).
+  EXPECT_THAT(*json, HasSubstr("\"state_reason\": "));
+  EXPECT_THAT(*json, HasSubstr("\"queue_depth\": \"0\""));
+  EXPECT_THAT(*json, HasSubstr("\"state\": \"JOB_STATE_RUNNING\""));
+  v1::JobStatus parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(*json, &parsed).ok());
+  EXPECT_EQ(parsed.job(), "resnet");
+  EXPECT_EQ(parsed.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(parsed.generation(), 3);
+  ASSERT_EQ(parsed.members_size(), 3);
+  EXPECT_EQ(parsed.members(1).node_name(), "n2");
+  EXPECT_EQ(parsed.members(1).ranks(1).lag(), 2);
+  EXPECT_EQ(parsed.members(0).bytes_in_flight(), 8 << 20);
+  EXPECT_EQ(parsed.plan().num_partitions(), 14);
+  ASSERT_EQ(parsed.stalls_size(), 1);
+  EXPECT_THAT(parsed.stalls(0).missing_ranks(), ::testing::ElementsAre(2, 3));
+  EXPECT_EQ(parsed.events_size(), 12);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(parsed, job));
+}
+
+TEST(BatonctlFormatTest, JsonLineIsOneLine) {
+  v1::TensorsStatus tensors = Tensors();
+  absl::StatusOr<std::string> json = ToJson(tensors, /*multiline=*/false);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->find('\n'), json->size() - 1);
+  v1::TensorsStatus parsed;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(*json, &parsed).ok());
+  ASSERT_EQ(parsed.tensors_size(), 3);
+  EXPECT_EQ(parsed.tensors(1).spec().name(), "grad.fc.weight");
+  EXPECT_EQ(parsed.tensors(1).spec().dtype(), v1::DATA_TYPE_BFLOAT16);
+  EXPECT_EQ(parsed.tensors(1).latency_mean_us(), 14500);
+  EXPECT_EQ(parsed.tensors(2).latency_count(), 0);
+  EXPECT_TRUE(
+      google::protobuf::util::MessageDifferencer::Equals(parsed, tensors));
+}
+
+TEST(BatonctlFormatTest, UnreachableCoordinatorIsOneLineNamingTheAddress) {
+  const absl::Status error = DescribeRpcError(
+      "10.0.0.1:50051", "GetJob", "resnet", absl::Seconds(5),
+      grpc::Status(grpc::StatusCode::UNAVAILABLE, "failed to connect\nretry"));
+  EXPECT_EQ(error.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(error.message(),
+            "cannot reach the coordinator at 10.0.0.1:50051 (GetJob: "
+            "UNAVAILABLE: failed to connect retry): check that "
+            "baton-coordinator runs there and that --coordinator or "
+            "BATON_COORDINATOR names its address");
+  EXPECT_THAT(
+      DescribeRpcError("h:1", "ListJobs", "", absl::Seconds(5),
+                       grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, ""))
+          .message(),
+      HasSubstr("(ListJobs: no answer within 5s, --timeout_ms)"));
+}
+
+TEST(BatonctlFormatTest, UnknownJobSaysHowToListTheJobs) {
+  const absl::Status error = DescribeRpcError(
+      "h:1", "GetJob", "nope", absl::Seconds(5),
+      grpc::Status(grpc::StatusCode::NOT_FOUND,
+                   "job \"nope\" is unknown to the coordinator"));
+  EXPECT_EQ(error.message(),
+            "job \"nope\" is unknown to the coordinator (coordinator h:1): "
+            "batonctl jobs lists the jobs it knows");
+}
+
+}  // namespace
+}  // namespace baton::batonctl

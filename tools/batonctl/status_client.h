@@ -1,0 +1,52 @@
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "baton/v1/status.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace baton::batonctl {
+
+// batonctl's client of the coordinator's read-only Status service. Every
+// call has a deadline of `timeout`; a failed call returns one line that
+// names the coordinator's address and says what to check (see
+// DescribeRpcError).
+//
+// Not thread-safe: one call at a time.
+class StatusClient {
+ public:
+  StatusClient(std::string address, absl::Duration timeout);
+
+  absl::StatusOr<v1::ListJobsResponse> ListJobs();
+  absl::StatusOr<v1::JobStatus> GetJob(const std::string& job);
+  absl::StatusOr<v1::TensorsStatus> GetTensors(const std::string& job);
+  absl::StatusOr<v1::Timeline> GetTimeline(
+      const v1::GetTimelineRequest& request);
+
+  const std::string& address() const { return address_; }
+
+ private:
+  // Runs `rpc` (a Status stub method) with the deadline.
+  template <typename Request, typename Response, typename Rpc>
+  absl::StatusOr<Response> Call(const char* method, const std::string& job,
+                                const Request& request, Rpc rpc);
+
+  const std::string address_;
+  const absl::Duration timeout_;
+  std::unique_ptr<v1::Status::Stub> stub_;
+};
+
+// The error of `method` (for example "GetJob") of job `job` ("" for none)
+// on the coordinator at `address` that ended with `rpc`, as one line: an
+// unreachable coordinator names the address and what to check, an unknown
+// job says how to list the known ones, a server without the method says to
+// check the address or upgrade the coordinator.
+absl::Status DescribeRpcError(const std::string& address, const char* method,
+                              const std::string& job, absl::Duration timeout,
+                              const grpc::Status& rpc);
+
+}  // namespace baton::batonctl
