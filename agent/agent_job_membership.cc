@@ -515,12 +515,12 @@ void AgentJob::SendReport() {
                           .count());
   }
   v1::AgentStats* stats = report->mutable_stats();
+  stats->set_scheduling(SchedulingModeName(mode_));
+  stats->set_credit_bytes(config_.credit_bytes);
   if (data_plane_) {
     const DataPlane::Stats s = data_plane_->stats();
     stats->set_queue_depth(s.queue_depth);
     stats->set_bytes_in_flight(s.bytes_in_flight);
-    stats->set_scheduling(SchedulingModeName(mode_));
-    stats->set_credit_bytes(config_.credit_bytes);
     const double seconds =
         std::chrono::duration<double>(now - reported_at_).count();
     const double interval =
@@ -532,9 +532,11 @@ void AgentJob::SendReport() {
       throughput_ =
           static_cast<double>(s.bytes_done - reported_bytes_done_) / seconds;
     }
-    stats->set_throughput_bytes_per_second(throughput_);
     reported_bytes_done_ = s.bytes_done;
   }
+  // Without a data plane (stopped, between generations) the last rate
+  // stands, rather than a 0 that says nothing.
+  stats->set_throughput_bytes_per_second(throughput_);
   std::vector<uint32_t> ids;
   for (const auto& [id, latency] : latencies_) ids.push_back(id);
   std::sort(ids.begin(), ids.end());

@@ -15,8 +15,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "baton/job_status.h"
 #include "baton/session.h"
+#include "baton/status_format.h"
 
 namespace py = pybind11;
 
@@ -198,10 +200,13 @@ PYBIND11_MODULE(_baton, m) {
       [](const std::string& address, const std::string& job,
          int64_t min_global_step, double wait) {
         py::gil_scoped_release release;
-        return baton::FormatJobStatus(Check(baton::FetchJobStatus(
-            address, job, min_global_step, Millis(wait))));
+        return baton::FormatJob(
+            Check(baton::FetchJobStatus(address, job, min_global_step,
+                                        Millis(wait))),
+            absl::Now());
       },
       py::arg("address"), py::arg("job"), py::arg("min_global_step") = -1,
       py::arg("wait") = 3.0,
-      "The job's status from the coordinator at `address`, as text.");
+      "The job's status from the coordinator at `address`, as `batonctl "
+      "status JOB` prints it.");
 }

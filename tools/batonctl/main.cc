@@ -29,8 +29,8 @@
 #include "absl/time/clock.h"
 #include "common/init.h"
 #include "gflags/gflags.h"
-#include "tools/batonctl/format.h"
-#include "tools/batonctl/status_client.h"
+#include "baton/status_format.h"
+#include "baton/status_client.h"
 #include "tools/batonctl/timeline.h"
 #include "tools/batonctl/timeline_svg.h"
 

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "tools/batonctl/format.h"
+#include "baton/status_format.h"
 #include "tools/batonctl/timeline.h"
 
 namespace baton::batonctl {

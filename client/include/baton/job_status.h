@@ -1,7 +1,8 @@
 #pragma once
 
-// A job's status as the coordinator reports it, for trainers and tools that
-// print it (the coordinator's Status service, GetJob).
+// A job's status as the coordinator reports it, for trainers that print it
+// at the end of a run (format it with baton/status_format.h, as batonctl
+// does).
 
 #include <chrono>
 #include <cstdint>
@@ -22,8 +23,5 @@ absl::StatusOr<v1::JobStatus> FetchJobStatus(
     const std::string& address, const std::string& job,
     int64_t min_global_step = -1,
     std::chrono::milliseconds wait = std::chrono::seconds(3));
-
-// The status as lines of text: the job line, then one line per member.
-std::string FormatJobStatus(const v1::JobStatus& status);
 
 }  // namespace baton

@@ -25,8 +25,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "baton/job_status.h"
 #include "baton/session.h"
+#include "baton/status_format.h"
 #include "gflags/gflags.h"
 
 DEFINE_int32(steps, 60, "SGD steps");
@@ -106,7 +108,7 @@ void PrintJobStatus() {
                  status.status().ToString().c_str());
     return;
   }
-  std::printf("\n%s", baton::FormatJobStatus(*status).c_str());
+  std::printf("\n%s", baton::FormatJob(*status, absl::Now()).c_str());
 }
 
 int Train() {

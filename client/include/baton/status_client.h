@@ -9,12 +9,12 @@
 #include "baton/v1/status.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
-namespace baton::batonctl {
+namespace baton {
 
-// batonctl's client of the coordinator's read-only Status service. Every
-// call has a deadline of `timeout`; a failed call returns one line that
-// names the coordinator's address and says what to check (see
-// DescribeRpcError).
+// A client of the coordinator's read-only Status service (batonctl, and
+// trainers printing their job at the end of a run). Every call has a
+// deadline of `timeout`; a failed call returns one line that names the
+// coordinator's address and says what to check (see DescribeRpcError).
 //
 // Not thread-safe: one call at a time.
 class StatusClient {
@@ -49,4 +49,4 @@ absl::Status DescribeRpcError(const std::string& address, const char* method,
                               const std::string& job, absl::Duration timeout,
                               const grpc::Status& rpc);
 
-}  // namespace baton::batonctl
+}  // namespace baton

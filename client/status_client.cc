@@ -1,4 +1,4 @@
-#include "tools/batonctl/status_client.h"
+#include "baton/status_client.h"
 
 #include <utility>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_replace.h"
 #include "common/grpc_util.h"
 
-namespace baton::batonctl {
+namespace baton {
 
 StatusClient::StatusClient(std::string address, absl::Duration timeout)
     : address_(std::move(address)),
@@ -100,4 +100,4 @@ absl::Status DescribeRpcError(const std::string& address, const char* method,
   }
 }
 
-}  // namespace baton::batonctl
+}  // namespace baton

@@ -12,10 +12,10 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
-#include "tools/batonctl/format.h"
-#include "tools/batonctl/status_client.h"
+#include "baton/status_format.h"
+#include "baton/status_client.h"
 
-namespace baton::batonctl {
+namespace baton {
 namespace {
 
 using ::testing::HasSubstr;
@@ -312,4 +312,4 @@ TEST(BatonctlFormatTest, UnknownJobSaysHowToListTheJobs) {
 }
 
 }  // namespace
-}  // namespace baton::batonctl
+}  // namespace baton

@@ -1,4 +1,4 @@
-#include "tools/batonctl/format.h"
+#include "baton/status_format.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -14,7 +14,7 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 
-namespace baton::batonctl {
+namespace baton {
 namespace {
 
 // Columns separated by two spaces, each as wide as its widest cell; the last
@@ -323,4 +323,4 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message,
   return json;
 }
 
-}  // namespace baton::batonctl
+}  // namespace baton

@@ -1,6 +1,7 @@
 #pragma once
 
-// The text batonctl prints for the coordinator's Status service: fixed,
+// The text batonctl (and baton.job_status_text) prints for the coordinator's
+// Status service: fixed,
 // grep-friendly sections, "(none)" where a section is empty. Every function
 // is pure: "now" is an argument, so the output of a given response is fixed.
 
@@ -12,7 +13,7 @@
 #include "baton/v1/status.pb.h"
 #include "google/protobuf/message.h"
 
-namespace baton::batonctl {
+namespace baton {
 
 // `bytes` with a binary unit: "512 B", "1.5 KiB", "4.0 MiB".
 std::string FormatBytes(double bytes);
@@ -55,4 +56,4 @@ std::string FormatEvents(const v1::JobStatus& job, absl::Time now);
 absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message,
                                    bool multiline);
 
-}  // namespace baton::batonctl
+}  // namespace baton
