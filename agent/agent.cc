@@ -137,9 +137,9 @@ absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
     return std::make_shared<RendezvousClient>(channel_, name, generation);
   };
   auto created_ptr = std::make_shared<const AgentJob*>(nullptr);
-  env.on_done = [this, created_ptr] {
+  env.on_done = [this, created_ptr, job] {
     std::lock_guard<std::mutex> lock(mu_);
-    done_.push_back(*created_ptr);
+    done_.emplace_back(job, *created_ptr);
   };
   auto created = std::make_shared<AgentJob>(job, std::move(env));
   *created_ptr = created.get();
@@ -187,10 +187,11 @@ void Agent::ReapJobs() {
   std::vector<std::shared_ptr<AgentJob>> reaped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const AgentJob* job : done_) {
-      if (job == nullptr) continue;
-      auto it = jobs_.find(job->name());
-      // Only if the name still maps to that job (not to a newer one).
+    for (const auto& [name, job] : done_) {
+      // Only if the name still maps to that job: a newer job of the same
+      // name may have replaced it, and then `job` may be destroyed already
+      // (it is compared, never dereferenced).
+      auto it = jobs_.find(name);
       if (it == jobs_.end() || it->second.get() != job) continue;
       reaped.push_back(std::move(it->second));
       jobs_.erase(it);
@@ -218,10 +219,13 @@ void Agent::Shutdown() {
   }
   // Destroying a job fails its operations and closes its trainers' streams.
   jobs.clear();
+  // The coordinator session ends before the trainer service: a trainer
+  // handler still sending to a coordinator that stopped reading (it died)
+  // is released by the cancel instead of holding the server's shutdown.
+  if (coordinator_) coordinator_->Stop();
   if (server_)
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
-  if (coordinator_) coordinator_->Stop();
   unlink(config_.socket_path.c_str());
 }
 

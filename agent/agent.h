@@ -63,7 +63,8 @@ class Agent {
   absl::flat_hash_map<std::string, std::shared_ptr<AgentJob>> jobs_
       ABSL_GUARDED_BY(mu_);
   // Jobs that ended, to destroy in ReapJobs.
-  std::vector<const AgentJob*> done_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, const AgentJob*>> done_
+      ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -144,6 +144,10 @@ CoordinatorClient::SessionEnd CoordinatorClient::RunSession() {
       callbacks_.on_message(message);
     }
   }
+  // Cancelling first releases a writer blocked in Write (a dead peer never
+  // opens its flow-control window again); taking write_mu_ before that
+  // would wait for it forever.
+  context.TryCancel();
   {
     std::lock_guard<std::mutex> write_lock(write_mu_);
     std::lock_guard<std::mutex> lock(mu_);

@@ -4,6 +4,10 @@
 // written once; each iteration is the agent path only: local reduction,
 // the scheduler, gloo between nodes, the completion event. Rank 0 prints
 // one JSON line of timings (tools/bench/timings.h).
+//
+// With --runs > 0 it is instead baton's side of tools/bench/collectives: the
+// --ops on --bytes, measured as tools/bench/collectives/measurement.h says;
+// rank 0 prints one row per op.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -12,14 +16,126 @@
 
 #include "baton/client.h"
 #include "gflags/gflags.h"
+#include "tools/bench/collectives/measurement.h"
 #include "tools/bench/timings.h"
 
 DEFINE_int64(bytes, 64 << 20, "tensor size (a multiple of 4)");
 DEFINE_int32(iterations, 10, "timed push_pulls");
 DEFINE_int32(warmup, 2, "untimed push_pulls first");
+DEFINE_int32(runs, 0,
+             "0: time --iterations push_pulls and print percentiles; > 0: "
+             "measure --ops for tools/bench/collectives, this many runs of "
+             "--iterations each");
+DEFINE_string(ops, "allreduce",
+              "with --runs: comma-separated allreduce (push_pull, sum), "
+              "broadcast (from rank 0)");
 
 namespace baton {
 namespace {
+
+constexpr auto kOperationTimeout = std::chrono::minutes(2);
+
+// Waits for an enqueued operation; false (and why, on stderr) when it could
+// not be enqueued or failed.
+bool Finished(const char* what,
+              const absl::StatusOr<std::shared_ptr<Handle>>& handle) {
+  const absl::Status status =
+      handle.ok() ? (*handle)->Wait(kOperationTimeout) : handle.status();
+  if (!status.ok()) {
+    std::fprintf(stderr, "agent_allreduce: %s: %s\n", what,
+                 std::string(status.message()).c_str());
+  }
+  return status.ok();
+}
+
+// A trainer of a baton job as tools/bench/collectives drives it: one tensor
+// per op, declared when the op is prepared; barrier and max over a float64
+// push_pull of one element per rank.
+class BatonRank : public bench::CollectiveRank {
+ public:
+  explicit BatonRank(Client& client) : client_(client) {}
+
+  int rank() const override { return client_.rank(); }
+  int size() const override { return client_.size(); }
+
+  float* Prepare(bench::CollectiveOp op, int64_t elements) override {
+    std::vector<v1::TensorSpec> specs(1);
+    specs[0].set_name(bench::CollectiveOpName(op));
+    specs[0].set_dtype(v1::DATA_TYPE_FLOAT32);
+    specs[0].add_shape(elements);
+    specs[0].set_op(op == bench::CollectiveOp::kAllreduce
+                        ? v1::COLLECTIVE_OP_PUSH_PULL
+                        : v1::COLLECTIVE_OP_BROADCAST);
+    if (control_ == nullptr) {
+      specs.emplace_back();
+      specs[1].set_name("control");
+      specs[1].set_dtype(v1::DATA_TYPE_FLOAT64);
+      specs[1].add_shape(size());
+      specs[1].set_op(v1::COLLECTIVE_OP_PUSH_PULL);
+    }
+    auto tensors = client_.Declare(specs);
+    if (!tensors.ok()) {
+      std::fprintf(stderr, "agent_allreduce: declare: %s\n",
+                   std::string(tensors.status().message()).c_str());
+      return nullptr;
+    }
+    op_ = op;
+    tensor_ = (*tensors)[0];
+    step_ = 0;
+    if (control_ == nullptr) control_ = (*tensors)[1];
+    return reinterpret_cast<float*>(tensor_->input());
+  }
+
+  bool Run() override {
+    return Finished(bench::CollectiveOpName(op_),
+                    op_ == bench::CollectiveOp::kAllreduce
+                        ? client_.PushPullAsync(*tensor_, step_++, false)
+                        : client_.BroadcastAsync(*tensor_, step_++, 0));
+  }
+
+  const float* Result() const override {
+    if (op_ == bench::CollectiveOp::kBroadcast && rank() == 0) return nullptr;
+    return reinterpret_cast<const float*>(tensor_->output());
+  }
+
+  bool Barrier() override {
+    double ignored = 0;
+    return Max(0, &ignored);
+  }
+
+  bool Max(double value, double* max) override {
+    double* input = reinterpret_cast<double*>(control_->input());
+    std::fill_n(input, size(), 0.0);
+    input[rank()] = value;
+    if (!Finished("control",
+                  client_.PushPullAsync(*control_, control_step_++, false))) {
+      return false;
+    }
+    const double* output = reinterpret_cast<const double*>(control_->output());
+    *max = *std::max_element(output, output + size());
+    return true;
+  }
+
+ private:
+  Client& client_;
+  std::shared_ptr<Tensor> control_;
+  int64_t control_step_ = 0;
+  bench::CollectiveOp op_ = bench::CollectiveOp::kAllreduce;
+  std::shared_ptr<Tensor> tensor_;
+  int64_t step_ = 0;
+};
+
+// baton's side of tools/bench/collectives; detaches (finished) on success.
+int MeasureCollectives(Client& client) {
+  BatonRank rank(client);
+  if (!bench::MeasureCollectives(
+          "baton", rank, FLAGS_ops, FLAGS_bytes,
+          {FLAGS_warmup, FLAGS_iterations, FLAGS_runs})) {
+    return 4;
+  }
+  client.Detach(true).IgnoreError();
+  return 0;
+}
 
 int Main() {
   auto options = ClientOptions::FromEnvironment();
@@ -34,6 +150,7 @@ int Main() {
                  std::string(client.status().message()).c_str());
     return 2;
   }
+  if (FLAGS_runs > 0) return MeasureCollectives(**client);
   v1::TensorSpec spec;
   spec.set_name("bench");
   spec.set_dtype(v1::DATA_TYPE_FLOAT32);

@@ -4,6 +4,11 @@
 // in-place float32 allreduces (gloo::allreduce, ring, default segments) of
 // --bytes. Rank 0 prints one JSON line
 // of timings (tools/bench/timings.h).
+//
+// With --runs > 0 it is instead raw gloo's side of tools/bench/collectives:
+// the --ops (gloo::allreduce in place as above, gloo::broadcast from rank 0,
+// what torch's ProcessGroupGloo calls) on --bytes, measured as
+// tools/bench/collectives/measurement.h says; rank 0 prints one row per op.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -13,10 +18,14 @@
 
 #include "gflags/gflags.h"
 #include "gloo/allreduce.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/transport/tcp/device.h"
+#include "tools/bench/collectives/measurement.h"
 #include "tools/bench/timings.h"
 
 DEFINE_int64(bytes, 64 << 20, "tensor size (a multiple of 4)");
@@ -26,6 +35,89 @@ DEFINE_int32(rank, 0, "this process's rank");
 DEFINE_int32(ranks, 2, "processes");
 DEFINE_string(store_dir, "", "an empty directory shared by the ranks");
 DEFINE_string(host, "127.0.0.1", "address to bind");
+DEFINE_int32(runs, 0,
+             "0: time --iterations allreduces and print percentiles; > 0: "
+             "measure --ops for tools/bench/collectives, this many runs of "
+             "--iterations each");
+DEFINE_string(ops, "allreduce",
+              "with --runs: comma-separated allreduce (sum), broadcast (from "
+              "rank 0)");
+
+namespace baton::bench {
+namespace {
+
+using ReduceFunction = void (*)(void*, const void*, const void*, size_t);
+
+// One rank on one gloo context: in-place collectives on one buffer.
+class GlooRank : public CollectiveRank {
+ public:
+  explicit GlooRank(std::shared_ptr<gloo::Context> context)
+      : context_(std::move(context)) {}
+
+  int rank() const override { return context_->rank; }
+  int size() const override { return context_->size; }
+
+  float* Prepare(CollectiveOp op, int64_t elements) override {
+    op_ = op;
+    buffer_.assign(elements, 0.0f);
+    return buffer_.data();
+  }
+
+  bool Run() override {
+    return Catching(CollectiveOpName(op_), [&] {
+      if (op_ == CollectiveOp::kAllreduce) {
+        gloo::AllreduceOptions opts(context_);
+        opts.setOutput(buffer_.data(), buffer_.size());
+        opts.setReduceFunction(static_cast<ReduceFunction>(&gloo::sum<float>));
+        gloo::allreduce(opts);
+      } else {
+        gloo::BroadcastOptions opts(context_);
+        opts.setOutput(buffer_.data(), buffer_.size());
+        opts.setRoot(0);
+        gloo::broadcast(opts);
+      }
+    });
+  }
+
+  const float* Result() const override { return buffer_.data(); }
+
+  bool Barrier() override {
+    return Catching("barrier", [&] {
+      gloo::BarrierOptions opts(context_);
+      gloo::barrier(opts);
+    });
+  }
+
+  bool Max(double value, double* max) override {
+    *max = value;
+    return Catching("max", [&] {
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(max, 1);
+      opts.setReduceFunction(static_cast<ReduceFunction>(&gloo::max<double>));
+      gloo::allreduce(opts);
+    });
+  }
+
+ private:
+  // gloo reports errors by exception; this program reports them by value.
+  template <typename F>
+  static bool Catching(const char* what, F collective) {
+    try {
+      collective();
+      return true;
+    } catch (const gloo::Exception& e) {
+      std::fprintf(stderr, "raw_gloo: %s: %s\n", what, e.what());
+      return false;
+    }
+  }
+
+  const std::shared_ptr<gloo::Context> context_;
+  CollectiveOp op_ = CollectiveOp::kAllreduce;
+  std::vector<float> buffer_;
+};
+
+}  // namespace
+}  // namespace baton::bench
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
@@ -36,6 +128,14 @@ int main(int argc, char** argv) {
   auto context =
       std::make_shared<gloo::rendezvous::Context>(FLAGS_rank, FLAGS_ranks);
   context->connectFullMesh(store, device);
+  if (FLAGS_runs > 0) {
+    baton::bench::GlooRank rank(context);
+    return baton::bench::MeasureCollectives(
+               "gloo", rank, FLAGS_ops, FLAGS_bytes,
+               {FLAGS_warmup, FLAGS_iterations, FLAGS_runs})
+               ? 0
+               : 4;
+  }
   std::vector<float> data(FLAGS_bytes / 4, 1.0f);
   std::vector<int64_t> micros;
   for (int i = 0; i < FLAGS_warmup + FLAGS_iterations; ++i) {

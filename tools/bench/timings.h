@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <string_view>
 #include <vector>
 
 namespace baton::bench {
@@ -28,6 +30,37 @@ inline void PrintTimings(const char* path, int64_t bytes, int ranks,
               ",\"min_us\":%" PRId64 ",\"busbw_gbps\":%.3f}\n",
               path, bytes, ranks, micros.size(), median, at(0.99),
               micros.front(), busbw_gbps);
+  std::fflush(stdout);
+}
+
+// Prints one row of tools/bench/collectives (JSON, one line): the time per
+// iteration of `op` ("allreduce" or "broadcast") of `bytes` on `nodes` ranks
+// of `system`, over runs of `iterations` each (`run_seconds`: total / I per
+// run, not empty): the median and, for the spread, min and max. Bandwidths
+// are those of the median in GB/s (1e9 bytes/s), as nccl-tests defines them:
+// algbw = bytes / time; busbw = algbw x 2(n-1)/n for an allreduce, = algbw
+// for a broadcast.
+inline void PrintCollectiveRow(const char* system, const char* op, int nodes,
+                               int64_t bytes, int iterations,
+                               std::vector<double> run_seconds) {
+  std::sort(run_seconds.begin(), run_seconds.end());
+  const size_t n = run_seconds.size();
+  const double median = n % 2 == 1
+                            ? run_seconds[n / 2]
+                            : (run_seconds[n / 2 - 1] + run_seconds[n / 2]) / 2;
+  const double algbw_gbps =
+      median > 0 ? static_cast<double>(bytes) / median / 1e9 : 0;
+  const bool allreduce = std::string_view(op) == "allreduce";
+  const double factor =
+      allreduce && nodes > 1 ? 2.0 * (nodes - 1) / nodes : 1.0;
+  std::printf(
+      "{\"bench\":\"collectives\",\"system\":\"%s\",\"op\":\"%s\","
+      "\"nodes\":%d,\"bytes\":%" PRId64
+      ",\"iterations\":%d,\"runs\":%zu,\"median_s\":%.9g,"
+      "\"min_s\":%.9g,\"max_s\":%.9g,\"algbw_gbps\":%.6g,"
+      "\"busbw_gbps\":%.6g}\n",
+      system, op, nodes, bytes, iterations, n, median, run_seconds.front(),
+      run_seconds.back(), algbw_gbps, algbw_gbps * factor);
   std::fflush(stdout);
 }
 

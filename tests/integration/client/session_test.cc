@@ -550,5 +550,41 @@ TEST_F(SessionTest, InitFromTheEnvironmentChecksTheLaunchersRankAndSize) {
   EXPECT_TRUE((*without_rank)->Shutdown().ok());
 }
 
+// A job name used again right after its previous job ended: the agents
+// replace the ended job while it may not be reaped yet (they once
+// dereferenced the replaced job there and crashed).
+TEST_F(SessionTest, AJobNameRunsAgainAndAgainOnTheSameAgents) {
+  ASSERT_TRUE(cluster_.Start(2).ok());
+  for (int run = 0; run < 6; ++run) {
+    std::vector<std::future<absl::Status>> ranks;
+    for (int node = 1; node <= 2; ++node) {
+      const ClientOptions options =
+          cluster_.TrainerOptions(node, "again", 0, 1, 2);
+      ranks.push_back(std::async(std::launch::async, [options, run] {
+        absl::StatusOr<std::unique_ptr<Session>> session =
+            Session::Init(options);
+        if (!session.ok()) return session.status();
+        std::vector<float> value = {1.0f};
+        absl::Status status =
+            (*session)->PushPull("x", BufferOf(value), /*average=*/false);
+        if (status.ok() && value[0] != 2.0f) {
+          status = absl::InternalError(
+              absl::StrCat("run ", run, ": got ", value[0], " instead of 2"));
+        }
+        absl::Status shutdown = (*session)->Shutdown();
+        return status.ok() ? shutdown : status;
+      }));
+    }
+    for (auto& rank : ranks) {
+      absl::Status status = rank.get();
+      ASSERT_TRUE(status.ok()) << "run " << run << ": " << status;
+    }
+  }
+  for (int node = 1; node <= 2; ++node) {
+    const ProcessExit exit = cluster_.agent(node).Terminate();
+    EXPECT_TRUE(exit.ok()) << "agent " << node << ": " << exit.ToString();
+  }
+}
+
 }  // namespace
 }  // namespace baton

@@ -1,0 +1,155 @@
+#include "tools/bench/collectives/measurement.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tools/bench/timings.h"
+
+namespace baton::bench {
+namespace {
+
+// The checked iteration's values, scale x (1 + (i + run) mod period) at
+// element i: small integers, exact in float32 for any sum over a few ranks,
+// and shifted by the run so that a result left over from the previous run
+// does not pass.
+struct Pattern {
+  float scale;
+  int period;
+};
+
+Pattern InputPattern(CollectiveOp op, int rank) {
+  if (op == CollectiveOp::kAllreduce) return {static_cast<float>(rank + 1), 13};
+  return rank == 0 ? Pattern{1, 251} : Pattern{-1, 1};
+}
+
+Pattern ExpectedPattern(CollectiveOp op, int ranks) {
+  if (op == CollectiveOp::kAllreduce) {
+    return {static_cast<float>(ranks * (ranks + 1) / 2), 13};
+  }
+  return {1, 251};
+}
+
+void FillPattern(Pattern pattern, int run, float* data, int64_t elements) {
+  int k = run % pattern.period;
+  for (int64_t i = 0; i < elements; ++i) {
+    data[i] = pattern.scale * static_cast<float>(1 + k);
+    if (++k == pattern.period) k = 0;
+  }
+}
+
+bool CheckResult(const char* system, CollectiveOp op, const CollectiveRank& r,
+                 int run, const float* result, int64_t elements) {
+  if (result == nullptr) return true;
+  const Pattern expected = ExpectedPattern(op, r.size());
+  int k = run % expected.period;
+  for (int64_t i = 0; i < elements; ++i) {
+    const float value = expected.scale * static_cast<float>(1 + k);
+    if (result[i] != value) {
+      std::fprintf(stderr,
+                   "collectives: %s %s of %" PRId64
+                   " floats over %d ranks is WRONG: rank %d element %" PRId64
+                   " is %g, expected %g (run %d)\n",
+                   system, CollectiveOpName(op), elements, r.size(), r.rank(),
+                   i, result[i], value, run);
+      return false;
+    }
+    if (++k == expected.period) k = 0;
+  }
+  return true;
+}
+
+// A comma-separated list of op names; false (and a message on stderr) for
+// an unknown one or an empty list.
+bool ParseCollectiveOps(const std::string& text,
+                        std::vector<CollectiveOp>* ops) {
+  ops->clear();
+  std::stringstream stream(text);
+  std::string name;
+  while (std::getline(stream, name, ',')) {
+    if (name == "allreduce") {
+      ops->push_back(CollectiveOp::kAllreduce);
+    } else if (name == "broadcast") {
+      ops->push_back(CollectiveOp::kBroadcast);
+    } else {
+      std::fprintf(stderr,
+                   "collectives: unknown op \"%s\" (allreduce, broadcast)\n",
+                   name.c_str());
+      return false;
+    }
+  }
+  if (ops->empty()) {
+    std::fprintf(stderr, "collectives: no op given\n");
+    return false;
+  }
+  return true;
+}
+
+bool MeasureCollective(const char* system, CollectiveRank& rank,
+                       CollectiveOp op, int64_t bytes,
+                       const MeasurementOptions& options) {
+  if (bytes <= 0 || bytes % 4 != 0 || options.iterations < 1 ||
+      options.runs < 1 || options.warmup < 0) {
+    std::fprintf(stderr,
+                 "collectives: bytes %" PRId64
+                 " must be a positive multiple of 4, iterations %d and runs "
+                 "%d positive, warmup %d not negative\n",
+                 bytes, options.iterations, options.runs, options.warmup);
+    return false;
+  }
+  const int64_t elements = bytes / 4;
+  float* input = rank.Prepare(op, elements);
+  if (input == nullptr) return false;
+  std::fill_n(input, elements, 0.0f);
+  for (int i = 0; i < options.warmup; ++i) {
+    if (!rank.Run()) return false;
+  }
+  std::vector<double> run_seconds;
+  for (int run = 0; run < options.runs; ++run) {
+    if (!rank.Barrier()) return false;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < options.iterations; ++i) {
+      if (!rank.Run()) return false;
+    }
+    const std::chrono::duration<double> elapsed =
+        std::chrono::steady_clock::now() - start;
+    double slowest = 0;
+    if (!rank.Max(elapsed.count(), &slowest)) return false;
+    run_seconds.push_back(slowest / options.iterations);
+
+    FillPattern(InputPattern(op, rank.rank()), run, input, elements);
+    if (!rank.Run() ||
+        !CheckResult(system, op, rank, run, rank.Result(), elements)) {
+      return false;
+    }
+    std::fill_n(input, elements, 0.0f);
+  }
+  if (rank.rank() == 0) {
+    PrintCollectiveRow(system, CollectiveOpName(op), rank.size(), bytes,
+                       options.iterations, run_seconds);
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* CollectiveOpName(CollectiveOp op) {
+  return op == CollectiveOp::kAllreduce ? "allreduce" : "broadcast";
+}
+
+bool MeasureCollectives(const char* system, CollectiveRank& rank,
+                        const std::string& ops, int64_t bytes,
+                        const MeasurementOptions& options) {
+  std::vector<CollectiveOp> parsed;
+  if (!ParseCollectiveOps(ops, &parsed)) return false;
+  for (CollectiveOp op : parsed) {
+    if (!MeasureCollective(system, rank, op, bytes, options)) return false;
+  }
+  return true;
+}
+
+}  // namespace baton::bench
