@@ -1,0 +1,172 @@
+#!/usr/bin/python3
+"""Turns the scheduling benchmark's per-trainer results into
+OUT/scheduling.jsonl and a markdown table (tools/bench/scheduling/run).
+
+Reads LOGS/compute.json (one process, no communication), LOGS/concurrent.*.json
+(NODES such processes at once, for information) and LOGS/<mode>.r<R>.n<K>.json
+for each mode and round. A round's median step is the largest of its nodes'
+medians (the slowest node sets the pace); a mode's is the median over its
+rounds; min and max are over every node's timed steps.
+The ideal bound is max(compute, communication): compute is the single
+process's median step, communication the bytes each node sends per step in a
+ring allreduce of all gradients, 2(n-1)/n x gradient bytes, at the link rate.
+"""
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+
+MODES = ["ddp", "fifo", "priority"]
+NAMES = {
+    "ddp": "torch DDP (gloo)",
+    "fifo": "baton fifo + DistributedOptimizer",
+    "priority": "baton priority + ScheduledOptimizer",
+    "compute": "compute only (1 process, no communication)",
+    "concurrent": "compute only, NODES processes at once",
+    "ideal": "ideal bound max(compute, communication)",
+}
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def timed(result, warmup):
+    steps = result["step_s"][warmup:]
+    if not steps:
+        sys.exit("summarize: %d steps with %d warm-up leave none to time" % (len(result["step_s"]), warmup))
+    return steps
+
+
+def row(base, mode, rounds, warmup):
+    """`rounds`: per round, every node's result."""
+    out = dict(base, mode=mode)
+    medians, cpu, lo, hi = [], [], [], []
+    for results in rounds:
+        per_node = [timed(r, warmup) for r in results]
+        medians.append(max(statistics.median(s) for s in per_node))
+        lo.append(min(min(s) for s in per_node))
+        hi.append(max(max(s) for s in per_node))
+        # CPU seconds per timed step of each trainer process (all its threads).
+        cpu += [(r["cpu_s"][-1] - r["cpu_s"][warmup - 1]) / len(s) for r, s in zip(results, per_node)]
+    out.update(
+        median_step_s=statistics.median(medians),
+        min_step_s=min(lo),
+        max_step_s=max(hi),
+        round_medians_s=medians,
+        trainer_cpu_per_step_s=statistics.median(cpu),
+    )
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--logs", required=True, help="the trainers' result files")
+    parser.add_argument("--jsonl", required=True, help="scheduling.jsonl to write")
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--rate-mbit", type=float, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--partition-bytes", type=int, required=True)
+    parser.add_argument("--credit-bytes", type=int, required=True)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+
+    compute = load(os.path.join(args.logs, "compute.json"))
+    n = args.nodes
+    base = {
+        "bench": "scheduling",
+        "nodes": n,
+        "rate_mbit": args.rate_mbit,
+        "model": compute["model"],
+        "params": compute["params"],
+        "grad_bytes": compute["grad_bytes"],
+        "batch": compute["batch"],
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
+    rows = {}
+    for mode in MODES:
+        rounds, agents_cpu = [], []
+        for r in range(1, args.rounds + 1):
+            tag = os.path.join(args.logs, "%s.r%d" % (mode, r))
+            results = [load(p) for p in sorted(glob.glob(tag + ".n*.json"))]
+            if len(results) == n:
+                rounds.append(results)
+                # Every agent's CPU over the whole job (start-up included).
+                with open(tag + ".agents_cpu") as f:
+                    agents_cpu.append(float(f.read()) / args.steps)
+        if rounds:
+            rows[mode] = row(base, mode, rounds, args.warmup)
+            rows[mode]["rounds"] = len(rounds)
+            rows[mode]["agents_cpu_per_step_s"] = statistics.median(agents_cpu)
+            if mode != "ddp":
+                rows[mode].update(partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes)
+    rows["compute"] = row(base, "compute", [[compute]], args.warmup)
+    phases = compute["phases_s"][args.warmup:]
+    for i, name in enumerate(("forward_s", "backward_s", "update_s")):
+        rows["compute"][name] = statistics.median(p[i] for p in phases)
+    concurrent = [load(p) for p in sorted(glob.glob(os.path.join(args.logs, "concurrent.*.json")))]
+    if concurrent:
+        rows["concurrent"] = row(base, "compute_concurrent", [concurrent], args.warmup)
+    comm_bytes = 2 * (n - 1) / n * compute["grad_bytes"]
+    comm_s = comm_bytes * 8 / (args.rate_mbit * 1e6)
+    compute_s = rows["compute"]["median_step_s"]
+    ideal = dict(base, mode="ideal", compute_s=compute_s, comm_bytes_per_node=int(comm_bytes), comm_s=comm_s)
+    ideal["median_step_s"] = max(compute_s, comm_s)
+    priority = rows.get("priority")
+    if priority:
+        for mode in ("fifo", "ddp"):
+            if mode in rows:
+                ideal["speedup_%s_over_priority" % mode] = rows[mode]["median_step_s"] / priority["median_step_s"]
+        ideal["priority_over_ideal"] = priority["median_step_s"] / ideal["median_step_s"]
+    rows["ideal"] = ideal
+    with open(args.jsonl, "a") as f:
+        for r in rows.values():
+            f.write(json.dumps(r) + "\n")
+
+    mb = 1 << 20
+    print(
+        "%s, %d parameters (%.1f MiB of gradients), batch %d per trainer; %d nodes, links shaped "
+        "to %g Mbit/s; %d steps per mode and round (%d rounds), the first %d not timed.\n"
+        % (
+            base["model"], base["params"], base["grad_bytes"] / mb, base["batch"], n,
+            args.rate_mbit, args.steps, args.rounds, args.warmup,
+        )
+    )
+    print("| | median step (s) | min (s) | max (s) | priority speedup over it | CPU s/step: trainer, agents |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for key in MODES + ["compute", "concurrent", "ideal"]:
+        r = rows.get(key)
+        if not r:
+            continue
+        speed = ""
+        if priority and key in ("ddp", "fifo"):
+            speed = "**%.2fx**" % (r["median_step_s"] / priority["median_step_s"])
+        elif priority and key == "ideal":
+            speed = "priority is %+.0f%% over it" % (100 * (ideal["priority_over_ideal"] - 1))
+        extremes = ("%.3f" % r["min_step_s"], "%.3f" % r["max_step_s"]) if "min_step_s" in r else ("", "")
+        name = NAMES[key].replace("NODES", str(n))
+        cpu = ""
+        if "trainer_cpu_per_step_s" in r:
+            cpu = "%.3f" % r["trainer_cpu_per_step_s"]
+            if "agents_cpu_per_step_s" in r:
+                cpu += ", %.3f" % r["agents_cpu_per_step_s"]
+        print("| %s | %.3f | %s | %s | %s | %s |" % ((name, r["median_step_s"]) + extremes + (speed, cpu)))
+    c = rows["compute"]
+    print(
+        "\ncompute = forward %.3f + backward %.3f + update %.3f s (medians); communication = "
+        "2(n-1)/n x %.1f MiB = %.1f MiB per node per step at %g Mbit/s = %.3f s."
+        % (c["forward_s"], c["backward_s"], c["update_s"], base["grad_bytes"] / mb, comm_bytes / mb, args.rate_mbit, comm_s)
+    )
+    missing = [m for m in MODES if m not in rows]
+    if missing:
+        print("\nmissing (failed or not run): %s" % ", ".join(missing))
+
+
+if __name__ == "__main__":
+    main()
