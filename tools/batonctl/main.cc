@@ -27,10 +27,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "baton/status_client.h"
+#include "baton/status_format.h"
 #include "common/init.h"
 #include "gflags/gflags.h"
-#include "baton/status_format.h"
-#include "baton/status_client.h"
 #include "tools/batonctl/timeline.h"
 #include "tools/batonctl/timeline_svg.h"
 

@@ -1,6 +1,8 @@
 // batonctl's text and JSON output for fixed coordinator responses. The text
 // is compared with golden files in testdata/; BATON_UPDATE_GOLDEN=1 rewrites
 // them (then review the diff).
+#include "baton/status_format.h"
+
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -8,12 +10,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
+#include "baton/status_client.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
-#include "baton/status_format.h"
-#include "baton/status_client.h"
 
 namespace baton {
 namespace {
