@@ -404,7 +404,8 @@ void AgentJob::OnDataPlaneConnected(
   options.active_cycle = config_.active_cycle;
   options.idle_cycle = config_.idle_cycle;
   options.launch_trace = launch_trace_;
-  options.timeline = &timeline_;
+  // --timeline_records=0: nothing is recorded, not even built.
+  options.timeline = config_.timeline_records > 0 ? &timeline_ : nullptr;
   for (const v1::NodeInfo& node : membership_->nodes()) {
     options.node_names.push_back(node.node_name());
   }
