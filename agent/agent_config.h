@@ -21,8 +21,6 @@ struct AgentConfig {
   std::chrono::milliseconds op_timeout{60000};
   // Data communicators per job (separate TCP connections, used in parallel).
   int data_channels = 4;
-  std::chrono::microseconds active_cycle{200};
-  std::chrono::microseconds idle_cycle{5000};
   std::chrono::milliseconds reconnect_max_backoff{2000};
   // When set, each job appends its launches to
   // <dir>/<job>.<node>.launches.

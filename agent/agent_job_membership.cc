@@ -401,8 +401,6 @@ void AgentJob::OnDataPlaneConnected(
   options.mode = mode_;
   options.credit_bytes = config_.credit_bytes;
   options.op_timeout = config_.op_timeout;
-  options.active_cycle = config_.active_cycle;
-  options.idle_cycle = config_.idle_cycle;
   options.launch_trace = launch_trace_;
   // --timeline_records=0: nothing is recorded, not even built.
   options.timeline = config_.timeline_records > 0 ? &timeline_ : nullptr;

@@ -79,8 +79,7 @@ void DataPlane::Submit(std::shared_ptr<const Operation> op) {
           << "two operations of tensor " << op->tensor_name << " submitted";
       ops_[op->id] = OpState{op, 0, 0, absl::OkStatus(), NowUs(), 0};
       submitted_[op->tensor_id] = std::move(op);
-      dirty_ = true;
-      scheduler_cv_.notify_one();
+      WakeSchedulerLocked();
     }
   }
   if (!done.empty() && done[0].second.ok()) {
@@ -102,16 +101,20 @@ void DataPlane::SetKnownTensors(int32_t count) {
   std::lock_guard<std::mutex> lock(mu_);
   if (count > known_tensors_) {
     known_tensors_ = count;
-    dirty_ = true;
-    scheduler_cv_.notify_one();
+    WakeSchedulerLocked();
   }
 }
 
 void DataPlane::Leave() {
   std::lock_guard<std::mutex> lock(mu_);
   leaving_ = true;
+  WakeSchedulerLocked();
+}
+
+void DataPlane::WakeSchedulerLocked() {
   dirty_ = true;
   scheduler_cv_.notify_one();
+  if (negotiation_ != nullptr) negotiation_->Interrupt();
 }
 
 void DataPlane::Abort(absl::Status status) {
@@ -140,28 +143,69 @@ bool DataPlane::finished() const {
 void DataPlane::SchedulerLoop() {
   std::vector<int64_t> vec;
   int32_t body = 0;
-  bool active = true;
-  while (Round(vec, body, active)) {
+  while (Round(vec, body)) {
   }
   // Closing the connections now (not at destruction) makes peers still
   // blocked on this node fail at once instead of at their timeout.
-  negotiation_.reset();
+  std::unique_ptr<Communicator> negotiation;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    negotiation = std::move(negotiation_);
+  }
+  negotiation.reset();
   std::lock_guard<std::mutex> lock(mu_);
   --threads_running_;
 }
 
-bool DataPlane::Round(std::vector<int64_t>& vec, int32_t& body, bool& active) {
+bool DataPlane::AwaitNews(std::unique_lock<std::mutex>& lock, int32_t body) {
+  const auto news = [this] { return dirty_ || stopped_ || leaving_; };
+  if (options_.num_nodes == 1) {
+    scheduler_cv_.wait(lock, news);
+    return !stopped_;
+  }
+  // Nobody polls: a node with news starts the round, which wakes the
+  // others (ARCHITECTURE.md, the ordering contract).
+  while (!news()) {
+    Communicator* negotiation = negotiation_.get();
+    lock.unlock();
+    absl::StatusOr<bool> started =
+        negotiation->AwaitRound(Negotiation::VectorSize(body));
+    lock.lock();
+    if (!started.ok()) {
+      lock.unlock();
+      NegotiationFailed(started.status());
+      lock.lock();
+      return false;
+    }
+    if (*started) break;
+  }
+  return !stopped_;
+}
+
+void DataPlane::NegotiationFailed(absl::Status status) {
+  Done done;
+  bool stopped_now = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopped_) {
+      StopLocked(
+          TransportError(
+              status, absl::StrCat("negotiation round of job \"", options_.job,
+                                   "\" generation ", options_.generation)),
+          /*drain=*/false, done);
+      stopped_now = true;
+      status = stop_status_;
+    }
+  }
+  if (stopped_now && callbacks_.stopped) callbacks_.stopped(status);
+  Report(done);
+}
+
+bool DataPlane::Round(std::vector<int64_t>& vec, int32_t& body) {
   const bool single = options_.num_nodes == 1;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    const auto news = [this] { return dirty_ || stopped_ || leaving_; };
-    if (single) {
-      scheduler_cv_.wait(lock, news);
-    } else {
-      scheduler_cv_.wait_for(
-          lock, active ? options_.active_cycle : options_.idle_cycle, news);
-    }
-    if (stopped_) return false;
+    if (!AwaitNews(lock, body)) return false;
     dirty_ = false;
     Negotiation::LocalState state;
     state.mode = options_.mode;
@@ -179,25 +223,10 @@ bool DataPlane::Round(std::vector<int64_t>& vec, int32_t& body, bool& active) {
   if (!single) {
     CollectiveOptions opts;
     opts.timeout = options_.op_timeout;
-    absl::Status status =
-        negotiation_->AllreduceMinInt64(vec.data(), vec.size(), opts);
+    const absl::Status status =
+        negotiation_->ExchangeMin(vec.data(), vec.size(), opts);
     if (!status.ok()) {
-      Done done;
-      bool stopped_now = false;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!stopped_) {
-          StopLocked(TransportError(status,
-                                    absl::StrCat("negotiation round of job \"",
-                                                 options_.job, "\" generation ",
-                                                 options_.generation)),
-                     /*drain=*/false, done);
-          stopped_now = true;
-          status = stop_status_;
-        }
-      }
-      if (stopped_now && callbacks_.stopped) callbacks_.stopped(status);
-      Report(done);
+      NegotiationFailed(status);
       return false;
     }
   }
@@ -262,9 +291,10 @@ bool DataPlane::Round(std::vector<int64_t>& vec, int32_t& body, bool& active) {
           LaunchLocked(std::move(task), done);
         }
       }
+      // An operation of a tensor the body did not cover yet waits for the
+      // next round, which nothing else may start.
+      if (outcome.known_tensors != body && !submitted_.empty()) dirty_ = true;
       body = outcome.known_tensors;
-      active = outcome.max_pending > 0 || outcome.max_in_flight_bytes > 0 ||
-               !queue_.empty() || !submitted_.empty();
       if (outcome.someone_leaving) {
         StopLocked(absl::FailedPreconditionError(absl::StrCat(
                        "a node left job \"", options_.job, "\" generation ",
@@ -329,6 +359,7 @@ void DataPlane::StopLocked(absl::Status status, bool drain, Done& done) {
   }
   for (uint64_t id : unlaunched) MaybeFinishLocked(id, done);
   scheduler_cv_.notify_all();
+  if (negotiation_ != nullptr) negotiation_->Interrupt();
   for (auto& worker : workers_) worker->cv.notify_all();
 }
 
@@ -396,8 +427,10 @@ void DataPlane::WorkerLoop(Worker* worker) {
         }
       }
       MaybeFinishLocked(task.op->id, done);
-      dirty_ = true;
-      scheduler_cv_.notify_one();
+      // Freed credit matters only to partitions waiting for it; the queue
+      // is the same on every node, so when it is empty no node needs a
+      // round for this.
+      if (!queue_.empty()) WakeSchedulerLocked();
     }
     if (!drop) {
       Record(task, submitted_us, agreed_us, started_us, reduced_us, done_us,

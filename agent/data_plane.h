@@ -35,10 +35,6 @@ struct DataPlaneOptions {
   int64_t credit_bytes = 16 << 20;
   // Bounds every collective, negotiation rounds included.
   std::chrono::milliseconds op_timeout{60000};
-  // How long a node waits for local news before the next negotiation round:
-  // while any node has work, and while every node is idle.
-  std::chrono::microseconds active_cycle{200};
-  std::chrono::microseconds idle_cycle{5000};
   // Node names by node rank, for errors that name the peers of a failed
   // collective.
   std::vector<std::string> node_names;
@@ -143,7 +139,15 @@ class DataPlane {
               int64_t agreed_us, int64_t started_us, int64_t reduced_us,
               int64_t done_us, bool ok) const;
   // Runs one round; false when the scheduler must exit.
-  bool Round(std::vector<int64_t>& vec, int32_t& body, bool& active);
+  bool Round(std::vector<int64_t>& vec, int32_t& body);
+  // Waits until this node has news or a peer starts a round; false when
+  // the scheduler must exit. `lock` holds mu_.
+  bool AwaitNews(std::unique_lock<std::mutex>& lock, int32_t body);
+  // Stops scheduling because the negotiation failed with `status`.
+  void NegotiationFailed(absl::Status status);
+  // Something the next round must see happened here: starts a round now,
+  // on this node and (through the negotiation) on every other.
+  void WakeSchedulerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LaunchLocked(PartitionTask task, Done& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LaunchTrace(const PartitionTask& task, uint64_t seq)
@@ -172,8 +176,9 @@ class DataPlane {
   const DataPlaneOptions options_;
   const Callbacks callbacks_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  // Used, and reset when it exits, by the scheduler thread only (a worker's
-  // comm likewise by that worker).
+  // Used by the scheduler thread, which resets it under mu_ when it exits;
+  // other threads only Interrupt() it, under mu_. (A worker's comm is used
+  // and reset by that worker only.)
   std::unique_ptr<Communicator> negotiation_;
 
   mutable std::mutex mu_;

@@ -33,11 +33,6 @@ DEFINE_int64(op_timeout_ms, 60000,
 DEFINE_int32(data_channels, 4,
              "Data communicators per job (separate TCP connections used in "
              "parallel)");
-DEFINE_int64(negotiation_active_us, 200,
-             "Longest wait between negotiation rounds while any node has work");
-DEFINE_int64(
-    negotiation_idle_us, 5000,
-    "Longest wait between negotiation rounds while every node is idle");
 DEFINE_int64(reconnect_max_backoff_ms, 2000,
              "Longest wait between attempts to reach the coordinator");
 DEFINE_int64(timeline_records, 100000,
@@ -101,8 +96,6 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
       {"credit_bytes", FLAGS_credit_bytes},
       {"op_timeout_ms", FLAGS_op_timeout_ms},
       {"data_channels", FLAGS_data_channels},
-      {"negotiation_active_us", FLAGS_negotiation_active_us},
-      {"negotiation_idle_us", FLAGS_negotiation_idle_us},
       {"reconnect_max_backoff_ms", FLAGS_reconnect_max_backoff_ms},
   };
   for (const auto& flag : positive) {
@@ -127,8 +120,6 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
   config.credit_bytes = FLAGS_credit_bytes;
   config.op_timeout = std::chrono::milliseconds(FLAGS_op_timeout_ms);
   config.data_channels = FLAGS_data_channels;
-  config.active_cycle = std::chrono::microseconds(FLAGS_negotiation_active_us);
-  config.idle_cycle = std::chrono::microseconds(FLAGS_negotiation_idle_us);
   config.reconnect_max_backoff =
       std::chrono::milliseconds(FLAGS_reconnect_max_backoff_ms);
   config.launch_trace_dir = FLAGS_launch_trace_dir;

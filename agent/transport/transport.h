@@ -47,10 +47,28 @@ class Communicator {
                                     v1::DataType dtype,
                                     const CollectiveOptions& options) = 0;
 
-  // In place: data[i] = min over every member of data[i]. Used for the
-  // scheduler's negotiation (max is min of the negation).
-  virtual absl::Status AllreduceMinInt64(int64_t* data, size_t count,
-                                         const CollectiveOptions& options) = 0;
+  // The scheduler's negotiation: rounds of an element-wise minimum over
+  // small int64 vectors (max is min of the negation) that any member may
+  // start before the others have anything to add, so that nobody polls.
+  //
+  // A member with something to add calls ExchangeMin at once. A member with
+  // nothing to add waits in AwaitRound, which returns true as soon as a peer
+  // has started the next round (the member then joins it with ExchangeMin)
+  // and false once Interrupt() was called (the member has news of its own,
+  // or is stopping). Every member calls ExchangeMin exactly once per round,
+  // all with the same count; AwaitRound gets the coming round's count.
+  //
+  // ExchangeMin: in place, data[i] = min over every member of data[i];
+  // `options.timeout` bounds the round from this member's call.
+  virtual absl::Status ExchangeMin(int64_t* data, size_t count,
+                                   const CollectiveOptions& options) = 0;
+  // Waits without a time limit; an error (a peer gone) poisons the
+  // communicator like any failed collective.
+  virtual absl::StatusOr<bool> AwaitRound(size_t count) = 0;
+  // Thread-safe, callable while another thread is inside AwaitRound or
+  // ExchangeMin: makes the current AwaitRound return false, or the next
+  // one if none is waiting. ExchangeMin is not disturbed by it.
+  virtual void Interrupt() = 0;
 
   // In place: every member gets `root`'s `bytes` bytes at data.
   virtual absl::Status Broadcast(void* data, size_t bytes, int root,

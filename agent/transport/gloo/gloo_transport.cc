@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -25,6 +26,7 @@
 #include "gloo/broadcast.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
 
 namespace baton::agent {
 namespace {
@@ -59,13 +61,6 @@ void WithElementType(size_t element_size, Fn&& fn) {
   }
 }
 
-void MinInt64(void* dst, const void* a, const void* b, size_t count) {
-  auto* out = static_cast<int64_t*>(dst);
-  const auto* x = static_cast<const int64_t*>(a);
-  const auto* y = static_cast<const int64_t*>(b);
-  for (size_t i = 0; i < count; ++i) out[i] = std::min(x[i], y[i]);
-}
-
 // The tag gloo sees: the caller's tag mixed with the operation's size in
 // bytes and its data type (0 for a broadcast). gloo matches a send to a
 // receive by tag; when two nodes disagree on an operation's size or type
@@ -82,9 +77,14 @@ uint32_t WireTag(uint32_t tag, size_t bytes, int dtype) {
   return tag ^ static_cast<uint32_t>(h >> 32);
 }
 
-// WireTag's data type for AllreduceMinInt64, apart from every DataType so
-// that a min never matches a sum.
-constexpr int kMinInt64WireKind = 1000;
+// The slot of the negotiation rounds' messages: apart from every slot gloo's
+// collectives use (their prefixes are 0x01..0x0b).
+constexpr uint64_t kRoundSlot = uint64_t{0xba} << 56;
+
+// AwaitRound waits for a peer without a time limit; gloo's wait takes one,
+// and one that expires poisons the context.
+constexpr std::chrono::milliseconds kAwaitRoundLimit =
+    std::chrono::hours(24 * 365);
 
 // What an exception from gloo says.
 std::string CurrentExceptionText() {
@@ -303,7 +303,17 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::Context> context,
       size_(context_->size),
       max_segment_bytes_(max_segment_bytes) {}
 
-GlooCommunicator::~GlooCommunicator() = default;
+GlooCommunicator::~GlooCommunicator() {
+  // Receives posted into round_data_ must not outlive it: gloo's event loop
+  // would write a late vector into freed memory.
+  if (round_count_ != 0) {
+    try {
+      context_->closeConnections();
+    } catch (...) {
+      // Already closed.
+    }
+  }
+}
 
 std::string GlooCommunicator::Describe() const {
   return absl::StrCat("communicator ", name_, " of ", size_,
@@ -391,31 +401,128 @@ absl::Status GlooCommunicator::AllreduceSum(void* data, size_t count,
   });
 }
 
-absl::Status GlooCommunicator::AllreduceMinInt64(
-    int64_t* data, size_t count, const CollectiveOptions& options) {
+void GlooCommunicator::PostRound(size_t count) {
+  if (round_count_ == count) return;
+  if (round_count_ != 0) {
+    throw std::invalid_argument(absl::StrCat(
+        "a negotiation round of ", count, " words asked for while one of ",
+        round_count_, " words is under way"));
+  }
+  const size_t words = static_cast<size_t>(size_) * count;
+  if (round_data_.size() < words) {
+    // Grows by doubling: the count follows the job's tensors.
+    absl::MutexLock lock(&round_mu_);
+    round_buffer_.reset();
+    round_data_.assign(std::max(words, 2 * round_data_.size()), 0);
+    round_buffer_ = context_->createUnboundBuffer(
+        round_data_.data(), round_data_.size() * sizeof(int64_t));
+  }
+  const size_t bytes = count * sizeof(int64_t);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    round_buffer_->recv(peer, kRoundSlot, peer * bytes, bytes);
+  }
+  round_count_ = count;
+  round_received_ = 0;
+}
+
+absl::StatusOr<bool> GlooCommunicator::AwaitRound(size_t count) {
+  if (absl::Status usable = CheckUsable(CollectiveOptions()); !usable.ok()) {
+    return usable;
+  }
+  if (count == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "waiting for a negotiation round of 0 words on ", Describe()));
+  }
+  if (size_ == 1) return false;  // nobody else can start one
+  bool started = false;
+  const absl::Status status = Run("waiting for a negotiation round", [&] {
+    PostRound(count);
+    gloo::transport::UnboundBuffer* buffer = nullptr;
+    {
+      absl::MutexLock lock(&round_mu_);
+      if (interrupted_) {
+        interrupted_ = false;
+        return;
+      }
+      buffer = round_buffer_.get();
+    }
+    if (round_received_ > 0) {
+      started = true;  // an earlier call already saw the first vector
+      return;
+    }
+    if (buffer->waitRecv(nullptr, kAwaitRoundLimit)) {
+      ++round_received_;
+      started = true;
+      return;
+    }
+    absl::MutexLock lock(&round_mu_);
+    interrupted_ = false;
+  });
+  if (!status.ok()) return status;
+  return started;
+}
+
+void GlooCommunicator::Interrupt() {
+  absl::MutexLock lock(&round_mu_);
+  interrupted_ = true;
+  if (round_buffer_ != nullptr) round_buffer_->abortWaitRecv();
+}
+
+absl::Status GlooCommunicator::ExchangeMin(int64_t* data, size_t count,
+                                           const CollectiveOptions& options) {
   if (absl::Status usable = CheckUsable(options); !usable.ok()) return usable;
   if (count == 0) return absl::OkStatus();
   if (data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("allreduce-min of ", count,
-                                                   " int64 on ", Describe(),
-                                                   ": data is null"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("negotiation round of ", count, " int64 on ", Describe(),
+                     ": data is null"));
   }
-  if (count > std::numeric_limits<size_t>::max() / sizeof(int64_t)) {
-    return absl::InvalidArgumentError(absl::StrCat("allreduce-min of ", count,
-                                                   " int64 on ", Describe(),
-                                                   ": the size overflows"));
+  if (count > std::numeric_limits<size_t>::max() / sizeof(int64_t) / size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("negotiation round of ", count, " int64 on ", Describe(),
+                     ": the size overflows"));
   }
+  if (size_ == 1) return absl::OkStatus();
   const std::string what = absl::StrCat(
-      "allreduce-min of ", count * sizeof(int64_t), " bytes (int64)");
+      "negotiation round of ", count * sizeof(int64_t), " bytes (int64)");
   return Run(what, [&] {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(data, count);
-    opts.setReduceFunction(&MinInt64);
-    opts.setTag(
-        WireTag(options.tag, count * sizeof(int64_t), kMinInt64WireKind));
-    opts.setTimeout(options.timeout);
-    opts.setMaxSegmentSize(max_segment_bytes_);
-    gloo::allreduce(opts);
+    const Clock::time_point deadline = Clock::now() + options.timeout;
+    const auto left = [&] {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - Clock::now());
+      if (ms <= std::chrono::milliseconds(0)) {
+        throw std::runtime_error(
+            absl::StrCat("Timed out after ", options.timeout.count(),
+                         " ms waiting for the other nodes' vectors"));
+      }
+      return ms;
+    };
+    PostRound(count);
+    gloo::transport::UnboundBuffer* buffer = nullptr;
+    {
+      absl::MutexLock lock(&round_mu_);
+      buffer = round_buffer_.get();
+    }
+    const size_t bytes = count * sizeof(int64_t);
+    int64_t* own = round_data_.data() + static_cast<size_t>(rank_) * count;
+    std::copy(data, data + count, own);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_) buffer->send(peer, kRoundSlot, rank_ * bytes, bytes);
+    }
+    // A false return is an Interrupt() meant for AwaitRound: wait on.
+    while (round_received_ < size_ - 1) {
+      if (buffer->waitRecv(nullptr, left())) ++round_received_;
+    }
+    for (int sent = 0; sent < size_ - 1;) {
+      if (buffer->waitSend(nullptr, left())) ++sent;
+    }
+    for (int peer = 0; peer < size_; ++peer) {
+      const int64_t* theirs =
+          round_data_.data() + static_cast<size_t>(peer) * count;
+      for (size_t i = 0; i < count; ++i) data[i] = std::min(data[i], theirs[i]);
+    }
+    round_count_ = 0;
   });
 }
 

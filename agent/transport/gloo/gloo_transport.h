@@ -18,6 +18,7 @@ namespace gloo {
 class Context;
 namespace transport {
 class Device;
+class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 
@@ -106,8 +107,10 @@ class GlooCommunicator : public Communicator {
 
   absl::Status AllreduceSum(void* data, size_t count, v1::DataType dtype,
                             const CollectiveOptions& options) override;
-  absl::Status AllreduceMinInt64(int64_t* data, size_t count,
-                                 const CollectiveOptions& options) override;
+  absl::Status ExchangeMin(int64_t* data, size_t count,
+                           const CollectiveOptions& options) override;
+  absl::StatusOr<bool> AwaitRound(size_t count) override;
+  void Interrupt() override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
 
@@ -124,6 +127,9 @@ class GlooCommunicator : public Communicator {
   absl::Status Run(const std::string& what, Op&& op);
   // "communicator c1 of 3 nodes (node rank 0)".
   std::string Describe() const;
+  // Posts the receives of the current negotiation round (one `count`-word
+  // vector from each peer) unless they are posted; throws like gloo.
+  void PostRound(size_t count);
 
   // Constant after construction.
   const std::shared_ptr<gloo::Context> context_;
@@ -136,6 +142,22 @@ class GlooCommunicator : public Communicator {
   mutable absl::Mutex mu_;
   // The error that poisoned this communicator.
   absl::Status poison_ ABSL_GUARDED_BY(mu_);
+
+  // Negotiation rounds (ExchangeMin, AwaitRound): every member sends its
+  // vector straight to every other member, so a round costs one message
+  // latency. round_data_ holds size_ vectors of the round's count, member r
+  // at r x count; this member's own slot is what it sends. Used by the
+  // thread that runs the rounds; the buffer pointer is also read by
+  // Interrupt, under round_mu_.
+  std::vector<int64_t> round_data_;
+  // The count whose receives are posted (0: none posted).
+  size_t round_count_ = 0;
+  // Peers' vectors of the current round received so far.
+  int round_received_ = 0;
+  absl::Mutex round_mu_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> round_buffer_
+      ABSL_GUARDED_BY(round_mu_);
+  bool interrupted_ ABSL_GUARDED_BY(round_mu_) = false;
 };
 
 }  // namespace baton::agent

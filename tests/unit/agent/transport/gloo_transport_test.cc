@@ -165,7 +165,7 @@ TEST_P(GlooCollectivesTest, AllreduceSumIsExactForEveryType) {
   }
 }
 
-TEST_P(GlooCollectivesTest, AllreduceMinInt64) {
+TEST_P(GlooCollectivesTest, ExchangeMin) {
   Cluster cluster(nodes());
   ASSERT_TRUE(cluster.Connect());
   const size_t count = Elements(size(), sizeof(int64_t));
@@ -179,9 +179,8 @@ TEST_P(GlooCollectivesTest, AllreduceMinInt64) {
   OnEveryNode(nodes(), [&](int rank) {
     std::vector<int64_t> data(count);
     for (size_t i = 0; i < count; ++i) data[i] = value(rank, i);
-    const absl::Status status =
-        cluster.communicators[rank][0]->AllreduceMinInt64(
-            data.data(), count, CollectiveOptions{kOpTimeout, 0});
+    const absl::Status status = cluster.communicators[rank][0]->ExchangeMin(
+        data.data(), count, CollectiveOptions{kOpTimeout, 0});
     ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
     for (size_t i = 0; i < count; ++i) {
       int64_t expected = std::numeric_limits<int64_t>::max();
@@ -288,6 +287,142 @@ TEST_P(GlooCommunicatorsTest, ParallelCommunicatorsKeepTheirData) {
 
 INSTANTIATE_TEST_SUITE_P(Nodes, GlooCommunicatorsTest,
                          ::testing::Values(1, 2, 3, 4));
+
+// --- Negotiation rounds -----------------------------------------------------
+
+class GlooRoundsTest : public ::testing::TestWithParam<int> {};
+
+// Rounds started by one node at a time: the others wait in AwaitRound, which
+// returns true once the starter's vector arrives, and join; every node gets
+// the minimum. The count grows from round to round (the buffer grows).
+TEST_P(GlooRoundsTest, AnyNodeStartsARoundAndTheOthersJoin) {
+  const int nodes = GetParam();
+  Cluster cluster(nodes);
+  ASSERT_TRUE(cluster.Connect());
+  constexpr int kRounds = 8;
+  OnEveryNode(nodes, [&](int rank) {
+    Communicator& communicator = *cluster.communicators[rank][0];
+    for (int round = 0; round < kRounds; ++round) {
+      const size_t count = static_cast<size_t>(3 + round * round * 50);
+      const int starter = round % nodes;
+      if (rank != starter) {
+        const absl::StatusOr<bool> started = communicator.AwaitRound(count);
+        ASSERT_TRUE(started.ok())
+            << "node " << rank << ": " << started.status();
+        ASSERT_TRUE(*started) << "node " << rank << " round " << round;
+      }
+      std::vector<int64_t> data(count);
+      for (size_t i = 0; i < count; ++i) {
+        data[i] = static_cast<int64_t>((i + rank * 7 + round) % 11) - 5;
+      }
+      const absl::Status status = communicator.ExchangeMin(
+          data.data(), count, CollectiveOptions{kOpTimeout, 0});
+      ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
+      for (size_t i = 0; i < count; ++i) {
+        int64_t expected = std::numeric_limits<int64_t>::max();
+        for (int r = 0; r < nodes; ++r) {
+          expected = std::min(
+              expected, static_cast<int64_t>((i + r * 7 + round) % 11) - 5);
+        }
+        ASSERT_EQ(data[i], expected)
+            << "node " << rank << " round " << round << " index " << i;
+      }
+    }
+  });
+}
+
+// Interrupt wakes a waiting AwaitRound, or makes the next one return at
+// once; neither disturbs the rounds that follow.
+TEST_P(GlooRoundsTest, InterruptWakesTheWaitAndRoundsGoOn) {
+  const int nodes = GetParam();
+  Cluster cluster(nodes);
+  ASSERT_TRUE(cluster.Connect());
+  constexpr size_t kCount = 5;
+  Communicator& first = *cluster.communicators[0][0];
+
+  first.Interrupt();
+  absl::StatusOr<bool> started = first.AwaitRound(kCount);
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_FALSE(*started) << "an Interrupt() before the wait ends it";
+
+  std::thread interrupter([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    first.Interrupt();
+  });
+  const auto start = SteadyClock::now();
+  started = first.AwaitRound(kCount);
+  interrupter.join();
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_FALSE(*started);
+  EXPECT_GE(Since(start).count(), 40) << "returned before the Interrupt()";
+
+  // Every node exchanges twice; node 0's Interrupt() calls left nothing
+  // behind that breaks a round, and node 0 waits in AwaitRound for the
+  // second round that node 1 starts.
+  OnEveryNode(nodes, [&](int rank) {
+    Communicator& communicator = *cluster.communicators[rank][0];
+    for (int round = 0; round < 2; ++round) {
+      if (round == 1 && rank != 1) {
+        const absl::StatusOr<bool> joined = communicator.AwaitRound(kCount);
+        ASSERT_TRUE(joined.ok()) << "node " << rank << ": " << joined.status();
+        EXPECT_TRUE(*joined) << "node " << rank;
+      }
+      std::vector<int64_t> data(kCount, 100 - rank - round);
+      const absl::Status status = communicator.ExchangeMin(
+          data.data(), kCount, CollectiveOptions{kOpTimeout, 0});
+      ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
+      EXPECT_EQ(data[kCount - 1], 100 - (nodes - 1) - round)
+          << "node " << rank << " round " << round;
+    }
+  });
+  EXPECT_FALSE(first.poisoned());
+}
+
+// A node waiting for a round while a peer goes away fails at once with
+// UNAVAILABLE instead of waiting forever.
+TEST_P(GlooRoundsTest, PeerGoneEndsTheWait) {
+  const int nodes = GetParam();
+  Cluster cluster(nodes);
+  ASSERT_TRUE(cluster.Connect());
+  OnEveryNode(nodes, [&](int rank) {
+    auto& communicator = cluster.communicators[rank][0];
+    if (rank == nodes - 1) {
+      std::this_thread::sleep_for(milliseconds(50));
+      communicator.reset();
+      return;
+    }
+    const auto start = SteadyClock::now();
+    const absl::StatusOr<bool> started = communicator->AwaitRound(7);
+    EXPECT_LT(Since(start).count(), kFailFast.count()) << "node " << rank;
+    EXPECT_EQ(started.status().code(), absl::StatusCode::kUnavailable)
+        << "node " << rank << ": " << started.status();
+    EXPECT_THAT(started.status().message(),
+                HasSubstr("waiting for a negotiation round"));
+    EXPECT_TRUE(communicator->poisoned());
+  });
+}
+
+// A node that never joins: the round fails with DEADLINE_EXCEEDED after the
+// round's timeout.
+TEST_P(GlooRoundsTest, RoundWithoutAPeerTimesOut) {
+  const int nodes = GetParam();
+  Cluster cluster(nodes);
+  ASSERT_TRUE(cluster.Connect());
+  OnEveryNode(nodes - 1, [&](int rank) {
+    Communicator& communicator = *cluster.communicators[rank][0];
+    std::vector<int64_t> data(4, rank);
+    const auto start = SteadyClock::now();
+    const absl::Status status = communicator.ExchangeMin(
+        data.data(), data.size(), CollectiveOptions{kShortTimeout, 0});
+    EXPECT_GE(Since(start).count(), kShortTimeout.count() / 2);
+    EXPECT_LT(Since(start).count(), kFailFast.count());
+    EXPECT_THAT(status.code(), AnyOf(absl::StatusCode::kDeadlineExceeded,
+                                     absl::StatusCode::kUnavailable))
+        << "node " << rank << ": " << status;
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Nodes, GlooRoundsTest, ::testing::Values(2, 3, 4));
 
 // --- Failures ----------------------------------------------------------------
 
@@ -523,9 +658,11 @@ TEST(GlooArgumentsTest, InvalidArgumentsDoNotPoison) {
                                 CollectiveOptions{milliseconds(0), 0})
                   .code(),
               absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(communicator.AllreduceMinInt64(nullptr, 3, options).code(),
+    EXPECT_EQ(communicator.ExchangeMin(nullptr, 3, options).code(),
               absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(communicator.AllreduceMinInt64(nullptr, 0, options).ok());
+    EXPECT_TRUE(communicator.ExchangeMin(nullptr, 0, options).ok());
+    EXPECT_EQ(communicator.AwaitRound(0).status().code(),
+              absl::StatusCode::kInvalidArgument);
     const absl::Status root = communicator.Broadcast(&x, sizeof x, 2, options);
     EXPECT_EQ(root.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(root.message(), HasSubstr("root 2 is not a node rank"));
