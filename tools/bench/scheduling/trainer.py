@@ -36,7 +36,7 @@ import torch.nn.functional as F
 # model; "tiny" only checks the harness (QUICK=1). Keep batches of 16 or more:
 # below that torch runs the 1x1 convolutions (fc7, fc8) without oneDNN.
 MODELS = {
-    "vgg": (64, 512, 32, 2),
+    "vgg": (64, 512, 128, 2),
     "tiny": (4, 64, 2, 1),
 }
 CLASSES = 10
