@@ -132,6 +132,7 @@ DataPlane::Stats DataPlane::stats() const {
   stats.queue_depth = static_cast<int64_t>(ops_.size() + queue_.size());
   stats.bytes_in_flight = in_flight_bytes_;
   stats.bytes_done = bytes_done_;
+  stats.rounds = rounds_;
   return stats;
 }
 
@@ -238,6 +239,7 @@ bool DataPlane::Round(std::vector<int64_t>& vec, int32_t& body) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return false;
+    ++rounds_;
     if (outcome.mode_mismatch) {
       StopLocked(absl::FailedPreconditionError(absl::StrCat(
                      "the nodes of job \"", options_.job,

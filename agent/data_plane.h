@@ -74,6 +74,8 @@ class DataPlane {
     int64_t bytes_in_flight = 0;
     // Bytes of partitions completed since the data plane started.
     int64_t bytes_done = 0;
+    // Negotiation rounds run (every node of the job runs the same ones).
+    int64_t rounds = 0;
   };
 
   // `negotiation` carries the rounds; `data` (at least one) the collectives.
@@ -192,6 +194,7 @@ class DataPlane {
   int64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t bytes_done_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t launch_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rounds_ ABSL_GUARDED_BY(mu_) = 0;
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
   bool leaving_ ABSL_GUARDED_BY(mu_) = false;
   // Set once scheduling stopped; why.

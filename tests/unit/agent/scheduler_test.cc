@@ -355,6 +355,39 @@ TEST_F(DataPlaneTest, MismatchedStepsFailOnEveryNodeAndOthersGoOn) {
   EXPECT_TRUE(nodes_[1]->WaitDone(1000 + 1).ok());
 }
 
+// Nobody polls: idle nodes run no rounds at all, and a node whose operation
+// arrives last starts the round that agrees it (the others wait for it).
+TEST_F(DataPlaneTest, IdleNodesRunNoRoundsAndTheLastSubmitterStartsOne) {
+  Start(3, DataPlaneOptions());
+  for (auto& node : nodes_) node->plane->SetKnownTensors(1);
+  const auto rounds = [&](int rank) {
+    return nodes_[rank]->plane->stats().rounds;
+  };
+  // The plan's news settles in a few rounds, the same ones on every node.
+  absl::SleepFor(absl::Milliseconds(200));
+  const int64_t settled = rounds(0);
+  EXPECT_GE(settled, 1);
+  absl::SleepFor(absl::Milliseconds(300));
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(rounds(rank), settled) << "node " << rank << " polled";
+  }
+
+  nodes_[0]->plane->Submit(SumOp(0, 0, 0, 0, 16, 0));
+  nodes_[1]->plane->Submit(SumOp(1, 0, 0, 0, 16, 0));
+  absl::SleepFor(absl::Milliseconds(100));
+  nodes_[2]->plane->Submit(SumOp(2, 0, 0, 0, 16, 0));
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(nodes_[rank]->WaitDone(1).ok()) << "node " << rank;
+    EXPECT_EQ(Output(rank, 0)[1], 12.0f) << "(1 + 2 + 3) x 2";
+  }
+  // One round per submitting node at most (two may share one).
+  absl::SleepFor(absl::Milliseconds(100));
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_LE(rounds(rank) - settled, 3) << "node " << rank;
+    EXPECT_EQ(rounds(rank), rounds(0)) << "node " << rank;
+  }
+}
+
 TEST_F(DataPlaneTest, AbortFailsWhatIsPendingWithTheGivenStatus) {
   Start(2, DataPlaneOptions());
   for (auto& node : nodes_) node->plane->SetKnownTensors(1);
