@@ -53,7 +53,7 @@ Agent::Agent(AgentConfig config)
 Agent::~Agent() { Shutdown(); }
 
 absl::Status Agent::Start() {
-  const int orphans = SharedMemory::RemoveOrphans();
+  const int orphans = SharedMemory::RemoveOrphans(config_.pid);
   if (orphans > 0) {
     LOG(INFO) << "removed " << orphans
               << " shared memory objects left by a killed agent";

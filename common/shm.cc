@@ -120,7 +120,7 @@ absl::Status SharedMemory::Unlink(const std::string& name) {
   return absl::OkStatus();
 }
 
-int SharedMemory::RemoveOrphans() {
+int SharedMemory::RemoveOrphans(int own_pid) {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return 0;
   int removed = 0;
@@ -132,7 +132,7 @@ int SharedMemory::RemoveOrphans() {
     if (parts.size() < 3 || !absl::SimpleAtoi(parts[1], &pid) || pid <= 0) {
       continue;
     }
-    if (kill(pid, 0) == 0 || errno == EPERM) continue;
+    if (pid != own_pid && (kill(pid, 0) == 0 || errno == EPERM)) continue;
     if (shm_unlink(("/" + file).c_str()) == 0) ++removed;
   }
   closedir(dir);

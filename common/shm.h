@@ -29,9 +29,12 @@ class SharedMemory {
   static absl::Status Unlink(const std::string& name);
 
   // Removes every "/baton.<pid>.*" object whose creating process (pid) no
-  // longer runs: what an agent killed with SIGKILL left behind. Returns how
-  // many it removed.
-  static int RemoveOrphans();
+  // longer runs, and every one of `own_pid`: what an agent killed with
+  // SIGKILL left behind. Call at process start, before this process
+  // creates any: an object under its own pid then belongs to a predecessor
+  // that had the same pid (a restarted container, where the agent is
+  // pid 1). Returns how many it removed.
+  static int RemoveOrphans(int own_pid);
 
   SharedMemory() = default;
   SharedMemory(SharedMemory&& other) noexcept;

@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "baton/v1/status.grpc.pb.h"
+#include "common/init.h"
 #include "gflags/gflags.h"
 #include "grpcpp/grpcpp.h"
 
@@ -93,8 +94,20 @@ bool Spawn(Child& child, const std::vector<std::string>& argv,
   std::vector<char*> c_argv;
   for (auto& a : args) c_argv.push_back(a.data());
   c_argv.push_back(nullptr);
+  // The given variables replace inherited ones of the same name: with a
+  // name twice, getenv and Python's os.environ read the first one.
   std::vector<std::string> envs;
-  for (char** e = environ; *e != nullptr; ++e) envs.push_back(*e);
+  const auto name_of = [](const std::string& entry) {
+    return entry.substr(0, entry.find('='));
+  };
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = name_of(entry);
+    const bool replaced = std::any_of(
+        env.begin(), env.end(),
+        [&](const std::string& given) { return name_of(given) == name; });
+    if (!replaced) envs.push_back(entry);
+  }
   envs.insert(envs.end(), env.begin(), env.end());
   std::vector<char*> c_env;
   for (auto& e : envs) c_env.push_back(e.data());
@@ -451,9 +464,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> command(argv + std::min(ours + 1, argc),
                                    argv + argc);
   int flag_argc = ours;
-  gflags::SetUsageMessage(
+  // As every baton binary: BATON_<FLAG> variables, --help (exit 0), one
+  // line and exit 2 for an unknown flag.
+  baton::InitProcess(
+      &flag_argc, &argv,
       "batonrun --nodes N --procs-per-node P [--coordinator ADDR] -- CMD ...");
-  gflags::ParseCommandLineFlags(&flag_argc, &argv, true);
   if (flag_argc > 1) {
     std::fprintf(stderr,
                  "batonrun: unexpected argument \"%s\" before \"--\": "

@@ -1,0 +1,54 @@
+#include "common/shm.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace baton {
+namespace {
+
+bool Exists(const std::string& name) {
+  return access(absl::StrCat("/dev/shm", name).c_str(), F_OK) == 0;
+}
+
+// A pid that certainly runs no process any more: a child that has exited
+// and been reaped.
+int DeadPid() {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status = 0;
+  waitpid(child, &status, 0);
+  return static_cast<int>(child);
+}
+
+TEST(SharedMemoryTest, RemoveOrphansTakesDeadAndOwnPidsAndSparesTheLiving) {
+  const int own = static_cast<int>(getpid());
+  const int dead = DeadPid();
+  const int alive = static_cast<int>(getppid());
+  const std::string suffix = absl::StrCat(".shm_test.", own);
+  const std::string own_name = absl::StrCat("/baton.", own, suffix);
+  const std::string dead_name = absl::StrCat("/baton.", dead, suffix);
+  const std::string alive_name = absl::StrCat("/baton.", alive, suffix);
+  const std::string other_name = absl::StrCat("/notbaton.", dead, suffix);
+  {
+    auto a = SharedMemory::Create(own_name, 64);
+    auto b = SharedMemory::Create(dead_name, 64);
+    auto c = SharedMemory::Create(alive_name, 64);
+    auto d = SharedMemory::Create(other_name, 64);
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok());
+  }
+  EXPECT_GE(SharedMemory::RemoveOrphans(own), 2);
+  EXPECT_FALSE(Exists(own_name)) << "a predecessor with this process's pid";
+  EXPECT_FALSE(Exists(dead_name)) << "its process is gone";
+  EXPECT_TRUE(Exists(alive_name)) << "its process still runs";
+  EXPECT_TRUE(Exists(other_name)) << "not baton's";
+  EXPECT_TRUE(SharedMemory::Unlink(alive_name).ok());
+  EXPECT_TRUE(SharedMemory::Unlink(other_name).ok());
+}
+
+}  // namespace
+}  // namespace baton
