@@ -7,6 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/agent.h"
+#ifdef BATON_HAVE_NCCL
+#include "agent/transport/nccl/local_gpus.h"
+#endif
 #include "common/init.h"
 #include "common/metrics.h"
 #include "common/validation.h"
@@ -128,6 +131,23 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
   return config;
 }
 
+// Says which data plane this node can use. Push-pull runs on gloo until
+// the scheduler drives the NCCL transport (issue 8), GPUs or not.
+void LogDataPlane() {
+#ifdef BATON_HAVE_NCCL
+  const absl::StatusOr<std::string> gpus = agent::DescribeLocalGpus();
+  if (gpus.ok()) {
+    LOG(INFO) << "GPU data plane: " << *gpus
+              << " (push-pull still runs on the CPU transport (gloo): the "
+                 "scheduler does not drive NCCL yet)";
+  } else {
+    LOG(INFO) << "using the CPU transport (gloo): " << gpus.status().message();
+  }
+#else
+  LOG(INFO) << "using the CPU transport (gloo): built without CUDA/NCCL";
+#endif
+}
+
 int Main(int argc, char** argv) {
   const sigset_t shutdown_signals = BlockShutdownSignals();
 
@@ -138,6 +158,7 @@ int Main(int argc, char** argv) {
                  std::string(config.status().message()).c_str());
     return 2;
   }
+  LogDataPlane();
   agent::Agent agent(*config);
   const absl::StatusOr<std::string> metrics_url =
       agent.ServeMetrics(FLAGS_metrics_listen);

@@ -92,6 +92,18 @@ struct ConnectRequest {
   std::chrono::milliseconds timeout{60000};
 };
 
+// INVALID_ARGUMENT naming the field when `request` cannot be connected:
+// node rank outside 0..num_nodes-1, count < 1, no store, an empty prefix or a
+// timeout that is not positive.
+absl::Status ValidateConnectRequest(const ConnectRequest& request);
+
+// The store key of `key` under `prefix`: "<prefix>/<key>" ("<prefix><key>"
+// when the prefix is empty or ends in '/').
+std::string StoreKey(const std::string& prefix, const std::string& key);
+
+// "float32" for DATA_TYPE_FLOAT32, for error texts.
+std::string DataTypeName(v1::DataType dtype);
+
 // Builds communicators. One per agent process; thread-safe.
 class Transport {
  public:

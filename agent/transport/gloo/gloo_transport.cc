@@ -15,11 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "agent/reduce.h"
 #include "agent/transport/gloo/gloo_store.h"
 #include "gloo/allreduce.h"
@@ -32,13 +30,6 @@ namespace baton::agent {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// "float32" for DATA_TYPE_FLOAT32.
-std::string DataTypeName(v1::DataType dtype) {
-  const std::string& name = v1::DataType_Name(dtype);
-  if (name.empty()) return absl::StrCat("data type ", static_cast<int>(dtype));
-  return absl::AsciiStrToLower(absl::StripPrefix(name, "DATA_TYPE_"));
-}
 
 // Runs `fn` with a pointer type whose size is `element_size` (1, 2, 4 or 8),
 // for gloo's typed setOutput. The type only tells gloo the element size;
@@ -103,43 +94,6 @@ bool IsGlooTimeout(const std::string& text) {
   return absl::StrContains(text, "Timed out") ||
          absl::StrContains(text, "timed out") ||
          absl::StrContains(text, "Connect timeout");
-}
-
-std::string JoinKey(const std::string& prefix, const std::string& key) {
-  if (prefix.empty() || absl::EndsWith(prefix, "/")) {
-    return absl::StrCat(prefix, key);
-  }
-  return absl::StrCat(prefix, "/", key);
-}
-
-absl::Status ValidateRequest(const ConnectRequest& request) {
-  if (request.num_nodes < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ConnectRequest.num_nodes is ", request.num_nodes, ": give 1 or more"));
-  }
-  if (request.node_rank < 0 || request.node_rank >= request.num_nodes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ConnectRequest.node_rank is ", request.node_rank,
-                     ": give 0..", request.num_nodes - 1));
-  }
-  if (request.count < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ConnectRequest.count is ", request.count, ": give 1 or more"));
-  }
-  if (request.store == nullptr) {
-    return absl::InvalidArgumentError("ConnectRequest.store is null");
-  }
-  if (request.prefix.empty()) {
-    return absl::InvalidArgumentError(
-        "ConnectRequest.prefix is empty: give a prefix unique to this "
-        "generation and rebuild");
-  }
-  if (request.timeout <= std::chrono::milliseconds(0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ConnectRequest.timeout is ", request.timeout.count(),
-                     " ms: give a positive timeout"));
-  }
-  return absl::OkStatus();
 }
 
 // The error for a failed connectFullMesh of communicator `name`. When the
@@ -264,13 +218,15 @@ GlooTransport::~GlooTransport() = default;
 
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>
 GlooTransport::Connect(const ConnectRequest& request) {
-  if (absl::Status valid = ValidateRequest(request); !valid.ok()) return valid;
+  if (absl::Status valid = ValidateConnectRequest(request); !valid.ok()) {
+    return valid;
+  }
   const Clock::time_point deadline = Clock::now() + request.timeout;
   std::vector<std::unique_ptr<Communicator>> communicators;
   communicators.reserve(request.count);
   for (int i = 0; i < request.count; ++i) {
     const std::string name = absl::StrCat("c", i);
-    const std::string prefix = JoinKey(request.prefix, name);
+    const std::string prefix = StoreKey(request.prefix, name);
     GlooStore store(request.store, prefix, deadline);
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - Clock::now());

@@ -10,6 +10,7 @@
 #include "agent/transport/gloo/gloo_transport.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/transport/memory_store.h"
+#include "tests/unit/agent/transport/node_threads.h"
 
 // Test helpers for the gloo transport: N nodes as N threads of one process,
 // each with its own GlooTransport on loopback, sharing an in-memory store.
@@ -17,13 +18,6 @@
 namespace baton::agent {
 
 inline constexpr std::chrono::milliseconds kConnectTimeout{10000};
-
-// Runs fn(rank) on `nodes` threads and joins them.
-inline void OnEveryNode(int nodes, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < nodes; ++rank) threads.emplace_back(fn, rank);
-  for (std::thread& thread : threads) thread.join();
-}
 
 // `nodes` agents, each with its own transport, sharing one store.
 struct Cluster {

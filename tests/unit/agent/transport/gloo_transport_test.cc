@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/transport/gloo_cluster.h"
+#include "tests/unit/agent/transport/typed_values.h"
 
 namespace baton::agent {
 namespace {
@@ -35,83 +36,6 @@ constexpr milliseconds kOpTimeout{10000};
 // on a loaded 2-core machine included).
 constexpr milliseconds kShortTimeout{500};
 constexpr milliseconds kFailFast{3000};
-
-milliseconds Since(SteadyClock::time_point start) {
-  return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - start);
-}
-
-// --- Test data: small integers, exact in every type, sums bit-exact. -------
-
-uint16_t HalfBits(int64_t value) {
-  if (value == 0) return 0;
-  const uint16_t sign = value < 0 ? 0x8000 : 0;
-  float magnitude = static_cast<float>(value < 0 ? -value : value);
-  uint32_t bits;
-  std::memcpy(&bits, &magnitude, sizeof bits);
-  const uint32_t exponent = ((bits >> 23) & 0xff) - 127 + 15;
-  return static_cast<uint16_t>(sign | (exponent << 10) |
-                               ((bits >> 13) & 0x3ff));
-}
-
-uint16_t BFloat16Bits(int64_t value) {
-  const float f = static_cast<float>(value);
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-// Writes `value` as element i of a `dtype` array.
-void WriteElement(v1::DataType dtype, void* data, size_t i, int64_t value) {
-  switch (dtype) {
-    case v1::DATA_TYPE_FLOAT32:
-      static_cast<float*>(data)[i] = static_cast<float>(value);
-      return;
-    case v1::DATA_TYPE_FLOAT64:
-      static_cast<double*>(data)[i] = static_cast<double>(value);
-      return;
-    case v1::DATA_TYPE_FLOAT16:
-      static_cast<uint16_t*>(data)[i] = HalfBits(value);
-      return;
-    case v1::DATA_TYPE_BFLOAT16:
-      static_cast<uint16_t*>(data)[i] = BFloat16Bits(value);
-      return;
-    case v1::DATA_TYPE_INT32:
-      static_cast<int32_t*>(data)[i] = static_cast<int32_t>(value);
-      return;
-    case v1::DATA_TYPE_INT64:
-      static_cast<int64_t*>(data)[i] = value;
-      return;
-    case v1::DATA_TYPE_UINT8:
-      static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(value);
-      return;
-    case v1::DATA_TYPE_INT8:
-      static_cast<int8_t*>(data)[i] = static_cast<int8_t>(value);
-      return;
-    default:
-      FAIL() << "no test encoding for data type " << dtype;
-  }
-}
-
-bool IsUnsigned(v1::DataType dtype) { return dtype == v1::DATA_TYPE_UINT8; }
-
-// Node `rank`'s element i: 0..31 (unsigned) or -8..23, so that the sum over
-// 4 nodes fits int8 and is exact in bfloat16.
-int64_t Value(int rank, size_t i, v1::DataType dtype) {
-  const int64_t v = static_cast<int64_t>((i * 7 + rank * 13) % 32);
-  return IsUnsigned(dtype) ? v : v - 8;
-}
-
-constexpr v1::DataType kAllTypes[] = {
-    v1::DATA_TYPE_FLOAT32,  v1::DATA_TYPE_FLOAT64, v1::DATA_TYPE_FLOAT16,
-    v1::DATA_TYPE_BFLOAT16, v1::DATA_TYPE_INT32,   v1::DATA_TYPE_INT64,
-    v1::DATA_TYPE_UINT8,    v1::DATA_TYPE_INT8};
-
-// Index of the first byte where a and b differ, or -1.
-int64_t FirstDifference(const std::vector<uint8_t>& a,
-                        const std::vector<uint8_t>& b) {
-  const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin());
-  return ia == a.end() ? -1 : ia - a.begin();
-}
 
 // --- Collectives over node counts and sizes --------------------------------
 
@@ -195,16 +119,13 @@ TEST_P(GlooCollectivesTest, BroadcastFromEveryRoot) {
   Cluster cluster(nodes());
   ASSERT_TRUE(cluster.Connect());
   const size_t bytes = Elements(size(), 1);
-  auto pattern = [](int rank, size_t i) {
-    return static_cast<uint8_t>(i * 31 + rank * 101 + 7);
-  };
   for (int root = 0; root < nodes(); ++root) {
     SCOPED_TRACE(absl::StrCat("root ", root));
     std::vector<uint8_t> expected(bytes);
-    for (size_t i = 0; i < bytes; ++i) expected[i] = pattern(root, i);
+    for (size_t i = 0; i < bytes; ++i) expected[i] = BytePattern(root, i);
     OnEveryNode(nodes(), [&](int rank) {
       std::vector<uint8_t> data(bytes);
-      for (size_t i = 0; i < bytes; ++i) data[i] = pattern(rank, i);
+      for (size_t i = 0; i < bytes; ++i) data[i] = BytePattern(rank, i);
       const absl::Status status = cluster.communicators[rank][0]->Broadcast(
           data.data(), bytes, root, CollectiveOptions{kOpTimeout, 0});
       ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;

@@ -1,0 +1,53 @@
+#include "agent/transport/transport.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace baton::agent {
+
+absl::Status ValidateConnectRequest(const ConnectRequest& request) {
+  if (request.num_nodes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ConnectRequest.num_nodes is ", request.num_nodes, ": give 1 or more"));
+  }
+  if (request.node_rank < 0 || request.node_rank >= request.num_nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ConnectRequest.node_rank is ", request.node_rank,
+                     ": give 0..", request.num_nodes - 1));
+  }
+  if (request.count < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ConnectRequest.count is ", request.count, ": give 1 or more"));
+  }
+  if (request.store == nullptr) {
+    return absl::InvalidArgumentError("ConnectRequest.store is null");
+  }
+  if (request.prefix.empty()) {
+    return absl::InvalidArgumentError(
+        "ConnectRequest.prefix is empty: give a prefix unique to this "
+        "generation and rebuild");
+  }
+  if (request.timeout <= std::chrono::milliseconds(0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ConnectRequest.timeout is ", request.timeout.count(),
+                     " ms: give a positive timeout"));
+  }
+  return absl::OkStatus();
+}
+
+std::string StoreKey(const std::string& prefix, const std::string& key) {
+  if (prefix.empty() || absl::EndsWith(prefix, "/")) {
+    return absl::StrCat(prefix, key);
+  }
+  return absl::StrCat(prefix, "/", key);
+}
+
+std::string DataTypeName(v1::DataType dtype) {
+  const std::string& name = v1::DataType_Name(dtype);
+  if (name.empty()) return absl::StrCat("data type ", static_cast<int>(dtype));
+  return absl::AsciiStrToLower(absl::StripPrefix(name, "DATA_TYPE_"));
+}
+
+}  // namespace baton::agent
