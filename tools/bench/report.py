@@ -177,12 +177,12 @@ def scheduling_section(out):
     text = []
     first = rows[0]
     text.append("Model %s (%s parameters, %s of gradients per step), %d nodes, links shaped to %s Mbit/s, "
-                "%s steps per mode (median shown):\n"
+                "%s steps per mode and round (the median over rounds shown; min and max over every step):\n"
                 % (first.get("model", "?"), "{:,}".format(first.get("params", 0)),
                    size_text(int(first.get("grad_bytes", 0))), first.get("nodes", 0),
                    first.get("rate_mbit", "?"), first.get("steps", "?")))
-    text.append("| | median step | min | max | priority speedup over it |")
-    text.append("|---|---:|---:|---:|---:|")
+    text.append("| | median step | min | max | rounds (median of) | priority speedup over it |")
+    text.append("|---|---:|---:|---:|---:|---:|")
     priority = by_mode.get("priority")
     names = {"ddp": "torch DDP (gloo)", "fifo": "baton fifo + DistributedOptimizer",
              "priority": "baton priority + ScheduledOptimizer", "compute": "compute only (1 process)",
@@ -197,10 +197,11 @@ def scheduling_section(out):
             speed = "**%.2fx**" % (med / priority["median_step_s"])
         elif priority and mode == "ideal" and med:
             speed = "priority is %.0f%% above it" % (100 * (priority["median_step_s"] / med - 1))
-        text.append("| %s | %s | %s | %s | %s |" % (
+        text.append("| %s | %s | %s | %s | %s | %s |" % (
             names[mode], time_text(med) if med else "-",
             time_text(r["min_step_s"]) if r.get("min_step_s") else "-",
-            time_text(r["max_step_s"]) if r.get("max_step_s") else "-", speed))
+            time_text(r["max_step_s"]) if r.get("max_step_s") else "-",
+            r.get("rounds", "-"), speed))
     return "\n".join(text) + "\n"
 
 

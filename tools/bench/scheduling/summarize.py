@@ -2,13 +2,16 @@
 """Turns the scheduling benchmark's per-trainer results into
 OUT/scheduling.jsonl and a markdown table (tools/bench/scheduling/run).
 
-Reads LOGS/compute.json (one process, no communication), LOGS/concurrent.*.json
-(NODES such processes at once, for information) and LOGS/<mode>.r<R>.n<K>.json
-for each mode and round. A round's median step is the largest of its nodes'
+Reads LOGS/compute.json (one process, no communication, before the rounds:
+the model's facts and RATE=auto), LOGS/compute.r<R>.json (the same, once in
+each round, before its modes), LOGS/concurrent.*.json (NODES such processes
+at once, for information) and LOGS/<mode>.r<R>.n<K>.json for each mode and
+round. A round's median step is the largest of its nodes'
 medians (the slowest node sets the pace); a mode's is the median over its
 rounds; min and max are over every node's timed steps.
 The ideal bound is max(compute, communication): compute is the single
-process's median step, communication the bytes each node sends per step in a
+process's median step (the median over the rounds' measurements when there
+are any, else the one before the rounds), communication the bytes each node sends per step in a
 ring allreduce of all gradients, 2(n-1)/n x gradient bytes, at the link rate.
 """
 
@@ -106,8 +109,13 @@ def main():
             rows[mode]["agents_cpu_per_step_s"] = statistics.median(agents_cpu)
             if mode != "ddp":
                 rows[mode].update(partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes)
-    rows["compute"] = row(base, "compute", [[compute]], args.warmup)
-    phases = compute["phases_s"][args.warmup:]
+    # This machine's speed drifts between minutes: the compute measured in
+    # every round, next to the modes, is the bound's compute.
+    per_round = [load(p) for p in sorted(glob.glob(os.path.join(args.logs, "compute.r*.json")))]
+    computes = per_round or [compute]
+    rows["compute"] = row(base, "compute", [[c] for c in computes], args.warmup)
+    rows["compute"]["rounds"] = len(computes)
+    phases = [p for c in computes for p in c["phases_s"][args.warmup:]]
     for i, name in enumerate(("forward_s", "backward_s", "update_s")):
         rows["compute"][name] = statistics.median(p[i] for p in phases)
     concurrent = [load(p) for p in sorted(glob.glob(os.path.join(args.logs, "concurrent.*.json")))]
