@@ -363,10 +363,21 @@ TEST_F(DataPlaneTest, IdleNodesRunNoRoundsAndTheLastSubmitterStartsOne) {
   const auto rounds = [&](int rank) {
     return nodes_[rank]->plane->stats().rounds;
   };
-  // The plan's news settles in a few rounds, the same ones on every node.
-  absl::SleepFor(absl::Milliseconds(200));
+  // The plan's news settles in a few rounds, the same ones on every node:
+  // wait until every node has counted the same ones and a node with news
+  // left would have started its round (bounded).
+  const auto same = [&] {
+    return rounds(0) > 0 && rounds(1) == rounds(0) && rounds(2) == rounds(0);
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  int64_t seen = -1;
+  while (absl::Now() < deadline && !(same() && rounds(0) == seen)) {
+    seen = same() ? rounds(0) : -1;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
   const int64_t settled = rounds(0);
   EXPECT_GE(settled, 1);
+  // Nothing new happens: no node may start a round.
   absl::SleepFor(absl::Milliseconds(300));
   for (int rank = 0; rank < 3; ++rank) {
     EXPECT_EQ(rounds(rank), settled) << "node " << rank << " polled";
