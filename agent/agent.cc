@@ -47,8 +47,10 @@ const std::string& JobOf(const v1::CoordinatorMessage& m) {
 
 }  // namespace
 
-Agent::Agent(AgentConfig config)
-    : config_(std::move(config)), metrics_(config_.metrics_retention) {}
+Agent::Agent(AgentConfig config, GpuSupport gpus)
+    : config_(std::move(config)),
+      gpus_(std::move(gpus)),
+      metrics_(config_.metrics_retention) {}
 
 Agent::~Agent() { Shutdown(); }
 
@@ -132,6 +134,7 @@ absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
   env.config = &config_;
   env.coordinator = coordinator_.get();
   env.transport = transport_.get();
+  env.gpus = &gpus_;
   env.metrics = metrics_.ForJob(job);
   env.store_factory = [this](const std::string& name, int64_t generation) {
     return std::make_shared<RendezvousClient>(channel_, name, generation);

@@ -24,7 +24,8 @@ namespace baton::agent {
 // attach to. Wires the pieces together; owns no job state itself.
 class Agent {
  public:
-  explicit Agent(AgentConfig config);
+  // `gpus`: the GPUs this node drives for CUDA tensors (none by default).
+  explicit Agent(AgentConfig config, GpuSupport gpus = {});
   ~Agent();
 
   // Removes orphaned shared memory, connects to the coordinator and starts
@@ -51,6 +52,7 @@ class Agent {
   std::vector<std::shared_ptr<AgentJob>> Jobs();
 
   const AgentConfig config_;
+  const GpuSupport gpus_;
   AgentMetrics metrics_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   std::unique_ptr<Transport> transport_;

@@ -17,6 +17,7 @@ struct AgentConfig {
   // Address peers reach this node's data plane on (gloo binds here).
   std::string data_host = "127.0.0.1";
   SchedulingMode scheduling = SchedulingMode::kPriority;
+  GpuCrossNode gpu_cross_node = GpuCrossNode::kNccl;
   int64_t credit_bytes = 16 << 20;
   std::chrono::milliseconds op_timeout{60000};
   // Data communicators per job (separate TCP connections, used in parallel).

@@ -310,14 +310,35 @@ void AgentJob::HandleDeclare(TrainerSink* sink, uint64_t seq,
   if (rank < 0) return;
   Trainer& trainer = trainers_[rank];
   // All or nothing: every declaration is checked, and every new tensor's
-  // shared memory created, before any is recorded.
+  // shared memory created (every CUDA buffer opened), before any is
+  // recorded.
   const int32_t first = trainer.declared;
   std::vector<std::unique_ptr<LocalTensor>> created;
+  std::vector<const v1::CudaBuffer*> cuda;
+  const absl::Status matched = MatchCudaBuffers(request, &cuda);
+  std::vector<std::shared_ptr<DeviceBuffer>> buffers(request.tensors_size());
+  std::vector<std::unique_ptr<DeviceEvent>> events(request.tensors_size());
+  int cuda_device = trainer.cuda_device;
   for (int i = 0; i < request.tensors_size(); ++i) {
     const v1::TensorSpec& spec = request.tensors(i);
     const int32_t index = first + i;
     const std::string what = absl::StrCat("DeclareRequest.tensors[", i, "]");
-    absl::Status status = ValidateDeclaration(what, spec);
+    absl::Status status = matched;
+    if (status.ok()) status = ValidateDeclaration(what, spec);
+    if (status.ok() && cuda[i] != nullptr) {
+      status = OpenCudaBuffer(rank, what, *cuda[i], DeclaredBytes(spec),
+                              &buffers[i], &events[i]);
+      if (status.ok() && cuda_device >= 0 &&
+          buffers[i]->local_device() != cuda_device) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            what, " (\"", spec.name(), "\") is on GPU ",
+            env_.gpus->memory->devices()[buffers[i]->local_device()],
+            " but local rank ", rank, "'s other CUDA tensors are on ",
+            env_.gpus->memory->devices()[cuda_device],
+            "; a trainer keeps all its CUDA tensors on one GPU"));
+      }
+      if (status.ok()) cuda_device = buffers[i]->local_device();
+    }
     if (status.ok() && index < static_cast<int32_t>(tensors_.size())) {
       const std::string diff = DescribeDifference(spec, tensors_[index]->spec);
       if (!diff.empty()) {
@@ -351,7 +372,9 @@ void AgentJob::HandleDeclare(TrainerSink* sink, uint64_t seq,
     }
     if (!status.ok()) {
       for (const auto& t : created) {
-        SharedMemory::Unlink(t->memory.name()).IgnoreError();
+        if (!t->on_device()) {
+          SharedMemory::Unlink(t->memory.name()).IgnoreError();
+        }
       }
       trainer.sink->Send(ErrorEvent(
           seq, absl::Status(status.code(),
@@ -366,6 +389,7 @@ void AgentJob::HandleDeclare(TrainerSink* sink, uint64_t seq,
     op_of_tensor_.push_back(0);
     lease_of_tensor_.push_back(0);
   }
+  trainer.cuda_device = cuda_device;
   v1::TrainerEvent reply;
   reply.set_reply_to(seq);
   v1::Declared* declared = reply.mutable_declared();
@@ -377,14 +401,103 @@ void AgentJob::HandleDeclare(TrainerSink* sink, uint64_t seq,
     v1::DeclaredTensor* out = declared->add_tensors();
     out->set_index(index);
     out->set_name(tensor.spec.name());
+    out->set_size_bytes(tensor.size_bytes);
+    if (tensor.on_device()) {
+      tensor.device_buffers[rank] = std::move(buffers[i]);
+      tensor.ready_events[rank] = std::move(events[i]);
+      continue;
+    }
     out->set_shm_name(tensor.memory.name());
     out->set_shm_bytes(static_cast<int64_t>(tensor.memory.size()));
     out->set_input_offset(tensor.input_offsets[rank]);
     out->set_output_offset(tensor.output_offset);
-    out->set_size_bytes(tensor.size_bytes);
   }
   trainer.sink->Send(std::move(reply));
   SendManifest();
+}
+
+absl::Status AgentJob::MatchCudaBuffers(
+    const v1::DeclareRequest& request,
+    std::vector<const v1::CudaBuffer*>* buffers) const {
+  buffers->assign(request.tensors_size(), nullptr);
+  for (int j = 0; j < request.cuda_buffers_size(); ++j) {
+    const v1::CudaBuffer& buffer = request.cuda_buffers(j);
+    const int32_t i = buffer.index();
+    const std::string what =
+        absl::StrCat("DeclareRequest.cuda_buffers[", j, "].index (", i, ")");
+    if (i < 0 || i >= request.tensors_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " is not a tensor of this request (0..",
+                       request.tensors_size() - 1, ")"));
+    }
+    if (request.tensors(i).memory() != v1::MEMORY_KIND_CUDA) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " names \"", request.tensors(i).name(),
+                       "\", which is declared in host memory; give a "
+                       "CudaBuffer only for MEMORY_KIND_CUDA tensors"));
+    }
+    if ((*buffers)[i] != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " names \"", request.tensors(i).name(),
+          "\" a second time; give one CudaBuffer per CUDA tensor"));
+    }
+    (*buffers)[i] = &buffer;
+  }
+  for (int i = 0; i < request.tensors_size(); ++i) {
+    if (request.tensors(i).memory() != v1::MEMORY_KIND_CUDA) continue;
+    if (env_.gpus->memory == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DeclareRequest.tensors[", i, "] (\"", request.tensors(i).name(),
+          "\") is a CUDA tensor, but agent ", config_.node_name,
+          " has no GPU transport: ", env_.gpus->unavailable,
+          ". Run CUDA trainers next to an agent that sees their GPUs, or "
+          "move the tensor to host memory"));
+    }
+    if ((*buffers)[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DeclareRequest.tensors[", i, "] (\"", request.tensors(i).name(),
+          "\") is a CUDA tensor without a CudaBuffer; give one in "
+          "DeclareRequest.cuda_buffers with index ",
+          i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AgentJob::OpenCudaBuffer(
+    int32_t rank, const std::string& what, const v1::CudaBuffer& buffer,
+    int64_t bytes, std::shared_ptr<DeviceBuffer>* opened,
+    std::unique_ptr<DeviceEvent>* event) const {
+  DeviceBufferSpec spec;
+  spec.pci_bus_id = buffer.pci_bus_id();
+  spec.memory_handle = buffer.memory_handle();
+  spec.offset = buffer.offset();
+  // An empty tensor still maps its allocation (CUDA has no empty buffers).
+  spec.bytes = std::max<int64_t>(bytes, 1);
+  spec.event_handle = buffer.event_handle();
+  const auto context = [&](const absl::Status& status) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat(what, " of local rank ", rank, ": ", status.message()));
+  };
+  auto memory = env_.gpus->memory->Open(spec);
+  if (!memory.ok()) return context(memory.status());
+  auto ready = env_.gpus->memory->OpenEvent(spec);
+  if (!ready.ok()) return context(ready.status());
+  for (size_t r = 0; r < trainers_.size(); ++r) {
+    if (static_cast<int32_t>(r) != rank &&
+        trainers_[r].cuda_device == (*memory)->local_device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " of local rank ", rank, " is on GPU ",
+          env_.gpus->memory->devices()[(*memory)->local_device()],
+          ", which local rank ", r,
+          " uses already; NCCL takes one rank per GPU: give every trainer "
+          "of a node its own GPU"));
+    }
+  }
+  *opened = std::move(*memory);
+  *event = std::move(*ready);
+  return absl::OkStatus();
 }
 
 void AgentJob::HandleDetach(TrainerSink* sink,

@@ -31,6 +31,19 @@
 
 namespace baton::agent {
 
+// The GPUs this agent drives, for jobs with CUDA tensors. Without them
+// (`memory` null) CUDA declarations are refused with `unavailable`.
+struct GpuSupport {
+  std::unique_ptr<DeviceMemory> memory;
+  // A transport over the given devices (indices into memory->devices()), in
+  // local-rank order.
+  std::function<absl::StatusOr<std::unique_ptr<DeviceTransport>>(
+      const std::vector<int>& local_devices)>
+      transport;
+  // Why there are none ("no CUDA device (...)").
+  std::string unavailable = "it drives no GPU";
+};
+
 // Builds the rendezvous store of one (job, generation).
 using StoreFactory = std::function<std::shared_ptr<KeyValueStore>(
     const std::string& job, int64_t generation)>;
@@ -51,6 +64,8 @@ class AgentJob {
     const AgentConfig* config = nullptr;
     CoordinatorLink* coordinator = nullptr;
     Transport* transport = nullptr;
+    // Never null; outlives the job.
+    const GpuSupport* gpus = nullptr;
     StoreFactory store_factory;
     // This job's metrics on this node (never null).
     std::shared_ptr<JobMetrics> metrics;
@@ -103,6 +118,9 @@ class AgentJob {
     // The shared-memory fast path of its enqueues and completions.
     SharedMemory channel_memory;
     TrainerChannel* channel = nullptr;
+    // The GPU of its CUDA tensors (index into the agent's devices); -1
+    // before its first CUDA declaration.
+    int cuda_device = -1;
   };
   // One local rank's enqueue of a tensor, waiting for the other local ranks.
   struct Enqueued {
@@ -144,6 +162,16 @@ class AgentJob {
                      bool via_channel = false);
   // Drains every trainer's request ring; true when it found any.
   bool DrainChannels();
+  // Matches DeclareRequest.cuda_buffers to the request's CUDA tensors:
+  // (*buffers)[i] for tensors[i], null for host tensors.
+  absl::Status MatchCudaBuffers(
+      const v1::DeclareRequest& request,
+      std::vector<const v1::CudaBuffer*>* buffers) const;
+  // Opens local rank `rank`'s buffer and ready event of a CUDA tensor.
+  absl::Status OpenCudaBuffer(int32_t rank, const std::string& what,
+                              const v1::CudaBuffer& buffer, int64_t bytes,
+                              std::shared_ptr<DeviceBuffer>* opened,
+                              std::unique_ptr<DeviceEvent>* event) const;
   void HandleDetach(TrainerSink* sink, const v1::DetachRequest& request);
   void HandleTrainerGone(TrainerSink* sink);
   absl::Status ValidateEnqueue(int32_t rank, const v1::EnqueueRequest& r);
@@ -183,6 +211,12 @@ class AgentJob {
       int64_t generation,
       absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> comms);
   void OnDataPlaneStopped(DataPlane* plane, absl::Status status);
+  // Connects the CUDA tensors' communicators of this generation once the
+  // plan has a CUDA tensor (every node sees the same plan, so every node
+  // connects them); on a connector thread.
+  void MaybeConnectDevices();
+  void OnDevicesConnected(int64_t generation,
+                          absl::StatusOr<DeviceGroup> group);
   void RetireDataPlane(absl::Status status);
   // Fails every operation of `generation` now (FailNow), including those
   // still waiting for some local ranks; `only_waiting`: only those no data
@@ -243,6 +277,11 @@ class AgentJob {
   // the tensor's next operation waits for it.
   std::vector<uint64_t> lease_of_tensor_;
   std::unique_ptr<DataPlane> data_plane_;
+  // The generation whose device group is connecting or attached (-1: none),
+  // and why connecting it failed (CUDA operations of that generation fail
+  // with it).
+  int64_t devices_generation_ = -1;
+  std::optional<absl::Status> devices_failed_;
   // Data planes of aborted generations, until their threads exit.
   std::vector<std::unique_ptr<DataPlane>> retired_;
   // Generation aborted by the coordinator -> the status its operations fail

@@ -223,6 +223,7 @@ void AgentJob::HandlePlan(const v1::TensorPlan& plan) {
   // Ids are dense from 0; the data plane negotiates over the ids every
   // node knows.
   if (data_plane_) data_plane_->SetKnownTensors(plan.tensors_size());
+  MaybeConnectDevices();
   SubmitWaiting();
 }
 
@@ -426,6 +427,108 @@ void AgentJob::OnDataPlaneConnected(
   if (plan_) data_plane_->SetKnownTensors(plan_->tensors_size());
   LOG(INFO) << JobLogPrefix() << "data plane of generation " << generation
             << " connected";
+  MaybeConnectDevices();
+  SubmitWaiting();
+}
+
+void AgentJob::MaybeConnectDevices() {
+  if (!data_plane_ || !plan_ || state_ != State::kRunning || !membership_ ||
+      devices_generation_ == membership_->generation()) {
+    return;
+  }
+  bool cuda = false;
+  for (const v1::TensorPlanEntry& entry : plan_->tensors()) {
+    cuda = cuda || entry.spec().memory() == v1::MEMORY_KIND_CUDA;
+  }
+  if (!cuda) return;
+  const int64_t generation = membership_->generation();
+  devices_generation_ = generation;
+  devices_failed_.reset();
+  // The plan lists only tensors every local trainer declared, so every
+  // trainer has its GPU by now.
+  std::vector<int> devices;
+  for (const Trainer& trainer : trainers_)
+    devices.push_back(trainer.cuda_device);
+  if (env_.gpus->memory == nullptr ||
+      std::find(devices.begin(), devices.end(), -1) != devices.end()) {
+    OnDevicesConnected(generation,
+                       absl::FailedPreconditionError(absl::StrCat(
+                           "job \"", name_, "\" has CUDA tensors, but ",
+                           env_.gpus->memory == nullptr
+                               ? absl::StrCat("agent ", config_.node_name,
+                                              " has no GPU transport: ",
+                                              env_.gpus->unavailable)
+                               : "not every local trainer declared one")));
+    return;
+  }
+  const v1::Membership& m = *membership_;
+  ConnectRequest request;
+  request.node_rank = node_rank_;
+  request.num_nodes = m.nodes_size();
+  request.prefix = m.store_prefix() +
+                   (absl::EndsWith(m.store_prefix(), "/") ? "" : "/") + "gpu";
+  request.store = env_.store_factory(name_, generation);
+  request.count = 1;
+  request.timeout = config_.op_timeout;
+  const GpuCrossNode cross_node = config_.gpu_cross_node;
+  LOG(INFO) << JobLogPrefix() << "connecting the GPU communicators of "
+            << devices.size()
+            << " local GPUs (--gpu_cross_node=" << GpuCrossNodeName(cross_node)
+            << ")";
+  connectors_.emplace_back([this, request, generation, devices, cross_node] {
+    auto group = std::make_shared<absl::StatusOr<DeviceGroup>>(
+        absl::UnavailableError("not connected"));
+    *group = [&]() -> absl::StatusOr<DeviceGroup> {
+      auto transport = env_.gpus->transport(devices);
+      if (!transport.ok()) return transport.status();
+      DeviceGroup connected;
+      connected.cross_node = cross_node;
+      connected.memory = env_.gpus->memory.get();
+      if (cross_node == GpuCrossNode::kNccl) {
+        auto comms = (*transport)->ConnectDevices(request);
+        if (!comms.ok()) return comms.status();
+        connected.comm = std::move(comms->front());
+        return connected;
+      }
+      auto local = (*transport)->ConnectLocal(request.timeout);
+      if (!local.ok()) return local.status();
+      connected.comm = std::move(*local);
+      if (request.num_nodes > 1) {
+        ConnectRequest host = request;
+        host.prefix += "-host";
+        auto comms = env_.transport->Connect(host);
+        if (!comms.ok()) return comms.status();
+        connected.host = std::move(comms->front());
+      }
+      return connected;
+    }();
+    Post([this, generation, group] {
+      OnDevicesConnected(generation, std::move(*group));
+    });
+  });
+}
+
+void AgentJob::OnDevicesConnected(int64_t generation,
+                                  absl::StatusOr<DeviceGroup> group) {
+  if (state_ != State::kRunning || !membership_ ||
+      membership_->generation() != generation || !data_plane_) {
+    return;  // a newer generation replaced it; the group closes here
+  }
+  if (!group.ok()) {
+    if (group.status().code() == absl::StatusCode::kAborted) return;
+    const absl::Status status(
+        group.status().code(),
+        absl::StrCat("connecting the GPU communicators of job \"", name_,
+                     "\" generation ", generation, ": ",
+                     group.status().message()));
+    LOG(WARNING) << JobLogPrefix() << status.message();
+    devices_failed_ = status;
+    SubmitWaiting();  // its CUDA operations fail now
+    return;
+  }
+  data_plane_->AttachDevices(std::move(*group));
+  LOG(INFO) << JobLogPrefix() << "GPU communicators of generation "
+            << generation << " connected";
   SubmitWaiting();
 }
 

@@ -193,10 +193,19 @@ void AgentJob::MakeReady(PendingOp& pending) {
   op->average = request.average();
   op->size_bytes = tensor.size_bytes;
   op->ready_unix_us = absl::ToUnixMicros(absl::Now());
-  for (int64_t offset : tensor.input_offsets) {
-    op->inputs.push_back(tensor.memory.data() + offset);
+  if (tensor.on_device()) {
+    op->on_device = true;
+    for (size_t rank = 0; rank < tensor.device_buffers.size(); ++rank) {
+      op->device_buffers.push_back(
+          static_cast<uint8_t*>(tensor.device_buffers[rank]->data()));
+      op->ready.push_back(tensor.ready_events[rank].get());
+    }
+  } else {
+    for (int64_t offset : tensor.input_offsets) {
+      op->inputs.push_back(tensor.memory.data() + offset);
+    }
+    op->output = tensor.memory.data() + tensor.output_offset;
   }
-  op->output = tensor.memory.data() + tensor.output_offset;
   if (op->kind == v1::COLLECTIVE_OP_BROADCAST)
     op->root_rank = request.root_rank();
   pending.op = std::move(op);
@@ -208,9 +217,23 @@ void AgentJob::TrySubmit(PendingOp& pending) {
       state_ != State::kRunning) {
     return;
   }
-  const LocalTensor& tensor = *tensors_[pending.index];
+  LocalTensor& tensor = *tensors_[pending.index];
   if (tensor.tensor_id < 0 || !membership_) return;
   if (lease_of_tensor_[pending.index] != 0) return;
+  if (pending.op->on_device) {
+    if (devices_failed_ && devices_generation_ == membership_->generation()) {
+      FinishOp(pending, *devices_failed_);
+      return;
+    }
+    // Waits for this generation's GPU communicators.
+    if (!data_plane_->has_devices()) return;
+    // The hierarchical path stages the cross-node step in host memory.
+    if (config_.gpu_cross_node == GpuCrossNode::kGloo &&
+        membership_->nodes_size() > 1) {
+      if (tensor.stage.empty()) tensor.stage.resize(tensor.size_bytes);
+      pending.op->output = tensor.stage.data();
+    }
+  }
   // Fill in what depends on the plan and the generation (in place: nothing
   // else holds the operation before it is submitted).
   Operation* op = pending.op.get();

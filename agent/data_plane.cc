@@ -19,26 +19,64 @@ const char* KindName(v1::CollectiveOp kind) {
 
 }  // namespace
 
+const char* GpuCrossNodeName(GpuCrossNode mode) {
+  return mode == GpuCrossNode::kGloo ? "gloo" : "nccl";
+}
+
 DataPlane::DataPlane(DataPlaneOptions options,
                      std::unique_ptr<Communicator> negotiation,
                      std::vector<std::unique_ptr<Communicator>> data,
-                     Callbacks callbacks)
+                     Callbacks callbacks, DeviceGroup device)
     : options_(std::move(options)),
       callbacks_(std::move(callbacks)),
       negotiation_(std::move(negotiation)) {
   CHECK(!data.empty()) << "a data plane needs at least one communicator";
   std::lock_guard<std::mutex> lock(mu_);
+  // Room for the device worker: Submit reads workers_[0] while the job's
+  // thread may attach it.
+  workers_.reserve(data.size() + 1);
   for (auto& comm : data) {
     auto worker = std::make_unique<Worker>();
     worker->comm = std::move(comm);
     workers_.push_back(std::move(worker));
   }
+  host_workers_ = workers_.size();
   threads_running_ = static_cast<int>(workers_.size()) + 1;
   for (auto& worker : workers_) {
     Worker* w = worker.get();
     w->thread = std::thread([this, w] { WorkerLoop(w); });
   }
   scheduler_ = std::thread([this] { SchedulerLoop(); });
+  if (device.comm != nullptr) AttachDevicesLocked(std::move(device));
+}
+
+void DataPlane::AttachDevices(DeviceGroup device) {
+  CHECK(device.comm != nullptr) << "a device group needs a communicator";
+  std::lock_guard<std::mutex> lock(mu_);
+  CHECK(device_worker_ == nullptr) << "devices attached twice";
+  if (exit_workers_) return;  // being destroyed; the group closes here
+  AttachDevicesLocked(std::move(device));
+}
+
+bool DataPlane::has_devices() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device_worker_ != nullptr;
+}
+
+void DataPlane::AttachDevicesLocked(DeviceGroup device) {
+  cross_node_ = device.cross_node;
+  device_memory_ = device.memory;
+  auto worker = std::make_unique<Worker>();
+  worker->comm = std::move(device.host);
+  worker->device = std::move(device.comm);
+  Worker* w = worker.get();
+  device_worker_ = w;
+  workers_.push_back(std::move(worker));
+  ++threads_running_;
+  // Stopped already: the worker exits at once; the group is aborted like
+  // one that was there when it stopped.
+  if (stopped_ && drop_queued_) w->device->Abort(stop_status_);
+  w->thread = std::thread([this, w] { WorkerLoop(w); });
 }
 
 DataPlane::~DataPlane() {
@@ -66,8 +104,16 @@ void DataPlane::Submit(std::shared_ptr<const Operation> op) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) {
       done.emplace_back(op->id, stop_status_);
-    } else if (options_.num_nodes == 1 && op->size_bytes <= kInlineBytes &&
-               submitted_.empty() && queue_.empty() && in_flight_bytes_ == 0) {
+    } else if (op->on_device && device_worker_ == nullptr) {
+      done.emplace_back(
+          op->id,
+          OpFailure(*op, absl::FailedPreconditionError(absl::StrCat(
+                             "job \"", options_.job, "\" generation ",
+                             options_.generation,
+                             " has no GPU communicator on this node"))));
+    } else if (!op->on_device && options_.num_nodes == 1 &&
+               op->size_bytes <= kInlineBytes && submitted_.empty() &&
+               queue_.empty() && in_flight_bytes_ == 0) {
       // A small operation of a single-node job with nothing ahead of it:
       // there is nothing to agree on and no order to keep, so it runs here
       // rather than two thread hops away (latency of small push_pulls).
@@ -324,7 +370,8 @@ void DataPlane::LaunchLocked(PartitionTask task, Done& done) {
   const uint64_t seq = launch_seq_++;
   LaunchTrace(task, seq);
   task.seq = seq;
-  task.channel = static_cast<int32_t>(seq % workers_.size());
+  task.channel = task.op->on_device ? static_cast<int32_t>(host_workers_)
+                                    : static_cast<int32_t>(seq % host_workers_);
   task.launched_us = NowUs();
   Worker& worker = *workers_[task.channel];
   worker.queue.push_back(std::move(task));
@@ -363,6 +410,12 @@ void DataPlane::StopLocked(absl::Status status, bool drain, Done& done) {
   scheduler_cv_.notify_all();
   if (negotiation_ != nullptr) negotiation_->Interrupt();
   for (auto& worker : workers_) worker->cv.notify_all();
+  // An NCCL collective in flight waits for peers that may never come; the
+  // gloo ones end at their timeout.
+  if (!drain && device_worker_ != nullptr &&
+      device_worker_->device != nullptr) {
+    device_worker_->device->Abort(stop_status_);
+  }
 }
 
 void DataPlane::MaybeFinishLocked(uint64_t op_id, Done& done) {
@@ -421,7 +474,13 @@ void DataPlane::WorkerLoop(Worker* worker) {
       } else if (drop) {
         if (state.status.ok()) state.status = OpFailure(*task.op, stop_status_);
       } else {
-        if (state.status.ok()) state.status = status;
+        // After Abort a collective fails because of it (an aborted NCCL
+        // communicator): the abort's reason is the operation's.
+        if (state.status.ok()) {
+          state.status = stopped_ && drop_queued_
+                             ? OpFailure(*task.op, stop_status_)
+                             : status;
+        }
         if (!stopped_) {
           StopLocked(status, /*drain=*/false, done);
           failed_now = true;
@@ -442,6 +501,12 @@ void DataPlane::WorkerLoop(Worker* worker) {
     Report(done);
   }
   worker->comm.reset();  // as in SchedulerLoop
+  std::unique_ptr<DeviceCommunicator> device;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device = std::move(worker->device);
+  }
+  device.reset();
   std::lock_guard<std::mutex> lock(mu_);
   --threads_running_;
 }
@@ -507,6 +572,7 @@ void DataPlane::Record(const PartitionTask& task, int64_t submitted_us,
 absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task,
                                 int64_t* reduced_us) {
   const Operation& op = *task.op;
+  if (op.on_device) return ExecuteOnDevice(worker, task, reduced_us);
   const size_t element = ElementSize(op.dtype);
   const size_t count = static_cast<size_t>(task.length) / element;
   uint8_t* out = op.output + task.offset;
@@ -538,6 +604,120 @@ absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task,
   }
   if (!status.ok()) return TransportError(status, Describe(task));
   return status;
+}
+
+absl::Status DataPlane::AbortedBeforeWriteBack() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_ && drop_queued_) return stop_status_;
+  return absl::OkStatus();
+}
+
+absl::Status DataPlane::ExecuteOnDevice(Worker& worker,
+                                        const PartitionTask& task,
+                                        int64_t* reduced_us) {
+  const Operation& op = *task.op;
+  DeviceCommunicator& device = *worker.device;
+  const int local = device.local_devices();
+  const std::string what = Describe(task);
+  if (static_cast<int>(op.device_buffers.size()) != local) {
+    return absl::InternalError(
+        absl::StrCat(what, ": ", op.device_buffers.size(), " CUDA buffers for ",
+                     local, " local GPUs"));
+  }
+  CollectiveOptions opts;
+  opts.timeout = options_.op_timeout;
+  // ByteScheduler's ready events: the trainers' streams have written the
+  // inputs.
+  for (DeviceEvent* ready : op.ready) {
+    if (ready == nullptr) continue;
+    absl::Status status = ready->Wait(options_.op_timeout, what);
+    if (!status.ok()) return status;
+  }
+  absl::InlinedVector<void*, 8> buffers(local);
+  for (int i = 0; i < local; ++i) {
+    buffers[i] = op.device_buffers[i] + task.offset;
+  }
+  const size_t element = ElementSize(op.dtype);
+  const size_t count = static_cast<size_t>(task.length) / element;
+  const size_t bytes = static_cast<size_t>(task.length);
+  const bool cross = options_.num_nodes > 1;
+  uint8_t* stage = op.output == nullptr ? nullptr : op.output + task.offset;
+  const auto fail = [&](const absl::Status& status) {
+    return TransportError(status, what);
+  };
+  absl::Status status;
+  if (cross_node_ == GpuCrossNode::kNccl) {
+    *reduced_us = NowUs();
+    if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
+      const int root = op.root_node * local + op.root_local;
+      status = device.DeviceBroadcast(buffers, bytes, root, opts);
+    } else {
+      status = device.DeviceAllreduce(
+          buffers, count, op.dtype,
+          op.average ? DeviceReduceOp::kAverage : DeviceReduceOp::kSum, opts);
+    }
+    return status.ok() ? status : fail(status);
+  }
+
+  // The hierarchical path: this node's GPUs agree among themselves with
+  // NCCL; the nodes agree on host memory over gloo.
+  if (cross && (stage == nullptr || worker.comm == nullptr ||
+                device_memory_ == nullptr)) {
+    return absl::InternalError(
+        absl::StrCat(what, ": the hierarchical path has no host stage"));
+  }
+  if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
+    int from = 0;  // the local device that holds the result
+    if (op.root_node == options_.node_rank) {
+      from = op.root_local;
+      if (cross) {
+        status = device_memory_->CopyToHost(stage, buffers[from], bytes, from);
+        if (status.ok()) {
+          status = worker.comm->Broadcast(stage, bytes, op.root_node, opts);
+        }
+      }
+    } else {
+      status = worker.comm->Broadcast(stage, bytes, op.root_node, opts);
+      if (status.ok()) status = AbortedBeforeWriteBack();
+      if (status.ok()) {
+        status = device_memory_->CopyToDevice(buffers[0], stage, bytes, 0);
+      }
+    }
+    *reduced_us = NowUs();
+    if (status.ok() && local > 1) {
+      status = device.DeviceBroadcast(buffers, bytes, from, opts);
+    }
+    return status.ok() ? status : fail(status);
+  }
+  // Alone, the node's average is the job's: NCCL divides. Across nodes the
+  // host divides the job's sum.
+  const bool average = op.average && options_.world_size > 1;
+  if (local > 1) {
+    status = device.DeviceReduce(
+        buffers, count, op.dtype,
+        average && !cross ? DeviceReduceOp::kAverage : DeviceReduceOp::kSum,
+        /*root=*/0, opts);
+  }
+  *reduced_us = NowUs();
+  if (status.ok() && cross) {
+    status = device_memory_->CopyToHost(stage, buffers[0], bytes, 0);
+    if (status.ok()) {
+      status = worker.comm->AllreduceSum(stage, count, op.dtype, opts);
+    }
+    if (status.ok()) {
+      if (average) {
+        DivideInPlace(op.dtype, stage, count, options_.world_size);
+      }
+      status = AbortedBeforeWriteBack();
+    }
+    if (status.ok()) {
+      status = device_memory_->CopyToDevice(buffers[0], stage, bytes, 0);
+    }
+  }
+  if (status.ok() && local > 1) {
+    status = device.DeviceBroadcast(buffers, bytes, /*root=*/0, opts);
+  }
+  return status.ok() ? status : fail(status);
 }
 
 }  // namespace baton::agent

@@ -19,6 +19,8 @@
 #include "agent/negotiation.h"
 #include "agent/operation.h"
 #include "agent/timeline_recorder.h"
+#include "agent/transport/device_communicator.h"
+#include "agent/transport/device_memory.h"
 #include "agent/transport/transport.h"
 
 namespace baton::agent {
@@ -46,15 +48,33 @@ struct DataPlaneOptions {
   TimelineRecorder* timeline = nullptr;
 };
 
+// The communicators of a job's CUDA tensors, for one generation. A data
+// plane without them fails operations on CUDA tensors.
+struct DeviceGroup {
+  GpuCrossNode cross_node = GpuCrossNode::kNccl;
+  // kNccl: every GPU of the job (rank = node rank x local devices + local
+  // device). kGloo: this node's GPUs only.
+  std::unique_ptr<DeviceCommunicator> comm;
+  // kGloo with more than one node: between the agents, on host memory.
+  std::unique_ptr<Communicator> host;
+  // kGloo: the copies between device and host. Not owned; outlives the
+  // data plane.
+  DeviceMemory* memory = nullptr;
+};
+
 // The data plane of one job on this node for one sealed generation: the
 // scheduler thread that agrees with the other nodes what to launch (the
 // ordering contract) and applies priority and credit, and one worker thread
 // per data communicator that runs the collectives on the tensors' shared
 // memory.
 //
-// Partitions are assigned to communicators round-robin by launch sequence
-// number, which every node computes identically, so each communicator sees
-// the same collectives in the same order on every node.
+// Partitions of host tensors are assigned to the data communicators
+// round-robin by launch sequence number, which every node computes
+// identically, so each communicator sees the same collectives in the same
+// order on every node. Partitions of CUDA tensors all go to one more worker
+// that owns the DeviceGroup, in launch order (NCCL needs one order per
+// group); a tensor is in the same kind of memory on every node (the
+// coordinator compares TensorSpec.memory).
 //
 // Thread-safe. Callbacks run on data-plane threads without its lock held.
 class DataPlane {
@@ -78,17 +98,24 @@ class DataPlane {
     int64_t rounds = 0;
   };
 
-  // `negotiation` carries the rounds; `data` (at least one) the collectives.
+  // `negotiation` carries the rounds; `data` (at least one) the collectives
+  // of host tensors, `device` those of CUDA tensors (comm null: none here).
   // Starts the threads.
   DataPlane(DataPlaneOptions options, std::unique_ptr<Communicator> negotiation,
             std::vector<std::unique_ptr<Communicator>> data,
-            Callbacks callbacks);
+            Callbacks callbacks, DeviceGroup device = {});
   // Aborts (CANCELLED) and joins the threads; a worker inside a collective
   // is waited for (bounded by op_timeout).
   ~DataPlane();
 
   DataPlane(const DataPlane&) = delete;
   DataPlane& operator=(const DataPlane&) = delete;
+
+  // Gives the data plane its CUDA tensors' communicators once they are
+  // connected (the agent connects them only for jobs with CUDA tensors).
+  // At most once; Submit fails operations on CUDA tensors before it.
+  void AttachDevices(DeviceGroup device);
+  bool has_devices() const;
 
   // Hands over an operation whose inputs are ready. At most one per tensor
   // at a time: the next step of a tensor is submitted after op_done of the
@@ -105,7 +132,8 @@ class DataPlane {
 
   // Stops now: operations not launched fail with `status` at once; launched
   // partitions are not started if still queued, and operations with a
-  // partition inside a collective fail when that collective returns.
+  // partition inside a collective fail when that collective returns (an
+  // NCCL collective is aborted, so that is at once).
   void Abort(absl::Status status);
 
   Stats stats() const;
@@ -123,19 +151,32 @@ class DataPlane {
     int64_t agreed_us = 0;
   };
   struct Worker {
+    // Host tensors' worker: its communicator. The device worker: the
+    // DeviceGroup's host communicator (may be null) and its device one,
+    // which StopLocked aborts, so it is reset under mu_.
     std::unique_ptr<Communicator> comm;
+    std::unique_ptr<DeviceCommunicator> device;
     std::deque<PartitionTask> queue;
     std::condition_variable cv;
     std::thread thread;
   };
   using Done = std::vector<std::pair<uint64_t, absl::Status>>;
 
+  void AttachDevicesLocked(DeviceGroup device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulerLoop();
   void WorkerLoop(Worker* worker);
   // Runs one partition: the local reduction, then the collective.
   // `*reduced_us` is when the local reduction finished.
   absl::Status Execute(Worker& worker, const PartitionTask& task,
                        int64_t* reduced_us);
+  // The hierarchical path's gloo step ended after an Abort: the trainers
+  // were told the operation failed and may be writing their next input, so
+  // the result is not copied into their buffers (the abort's status).
+  absl::Status AbortedBeforeWriteBack() const;
+  // The same for a CUDA tensor, on the device worker.
+  absl::Status ExecuteOnDevice(Worker& worker, const PartitionTask& task,
+                               int64_t* reduced_us);
   // Hands a returned partition's phases to options_.timeline.
   void Record(const PartitionTask& task, int64_t submitted_us,
               int64_t agreed_us, int64_t started_us, int64_t reduced_us,
@@ -177,7 +218,14 @@ class DataPlane {
   // Constant after construction.
   const DataPlaneOptions options_;
   const Callbacks callbacks_;
-  std::vector<std::unique_ptr<Worker>> workers_;
+  // The host tensors' workers (host_workers_ of them, constant), then the
+  // device worker once devices are attached: set once under mu_, read by
+  // that worker without it.
+  std::vector<std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  size_t host_workers_ = 0;
+  Worker* device_worker_ ABSL_GUARDED_BY(mu_) = nullptr;
+  GpuCrossNode cross_node_ = GpuCrossNode::kNccl;
+  DeviceMemory* device_memory_ = nullptr;
   // Used by the scheduler thread, which resets it under mu_ when it exits;
   // other threads only Interrupt() it, under mu_. (A worker's comm is used
   // and reset by that worker only.)

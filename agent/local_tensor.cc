@@ -38,6 +38,11 @@ absl::Status ValidateDeclaration(const std::string& what,
     return absl::InvalidArgumentError(
         absl::StrCat(named, " has no op: give PUSH_PULL or BROADCAST"));
   }
+  if (!v1::MemoryKind_IsValid(spec.memory())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(named, " has memory ", static_cast<int>(spec.memory()),
+                     ": give MEMORY_KIND_HOST or MEMORY_KIND_CUDA"));
+  }
   if (spec.shape_size() > kMaxDims) {
     return absl::InvalidArgumentError(absl::StrCat(
         named, " has ", spec.shape_size(), " dimensions; the limit is 8"));
@@ -86,6 +91,10 @@ std::string DescribeDifference(const v1::TensorSpec& a,
     return absl::StrCat("op ", v1::CollectiveOp_Name(a.op()), " vs ",
                         v1::CollectiveOp_Name(b.op()));
   }
+  if (a.memory() != b.memory()) {
+    return absl::StrCat("memory ", v1::MemoryKind_Name(a.memory()), " vs ",
+                        v1::MemoryKind_Name(b.memory()));
+  }
   return "";
 }
 
@@ -95,6 +104,14 @@ absl::StatusOr<std::unique_ptr<LocalTensor>> LocalTensor::Create(
   auto tensor = std::make_unique<LocalTensor>();
   tensor->spec = spec;
   tensor->size_bytes = DeclaredBytes(spec);
+  tensor->first_enqueued.assign(local_size, false);
+  tensor->last_step.assign(local_size, -1);
+  if (tensor->on_device()) {
+    tensor->device_buffers.resize(local_size);
+    tensor->ready_events.resize(local_size);
+    tensor->unlinked = true;  // nothing to unlink
+    return tensor;
+  }
   const int64_t region = AlignUp(std::max<int64_t>(tensor->size_bytes, 1));
   // The output never aliases an input, even with one trainer: after an
   // aborted generation a collective stuck in the old data plane may still
@@ -107,8 +124,6 @@ absl::StatusOr<std::unique_ptr<LocalTensor>> LocalTensor::Create(
     tensor->input_offsets.push_back(r * region);
   }
   tensor->output_offset = local_size * region;
-  tensor->first_enqueued.assign(local_size, false);
-  tensor->last_step.assign(local_size, -1);
   return tensor;
 }
 

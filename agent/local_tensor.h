@@ -7,20 +7,27 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/transport/device_memory.h"
 #include "baton/v1/common.pb.h"
 #include "common/shm.h"
 
 namespace baton::agent {
 
 // A tensor declared by every local trainer of a job on this node, with the
-// shared memory its bytes live in: one input region per local trainer and
-// one output region. Regions start on 4 KiB boundaries.
+// memory its bytes live in. A host tensor has shared memory: one input
+// region per local trainer and one output region, starting on 4 KiB
+// boundaries. A CUDA tensor has each trainer's buffer, opened through CUDA
+// IPC, and its ready event; the hierarchical path stages it in `stage`.
 struct LocalTensor {
   v1::TensorSpec spec;
   int64_t size_bytes = 0;
   SharedMemory memory;
   std::vector<int64_t> input_offsets;  // by local rank
   int64_t output_offset = 0;
+  // CUDA tensors, by local rank (null until that rank declared it).
+  std::vector<std::shared_ptr<DeviceBuffer>> device_buffers;
+  std::vector<std::unique_ptr<DeviceEvent>> ready_events;
+  std::vector<uint8_t> stage;
   // Local ranks that declared it; the node's manifest lists it once all did.
   int32_t declared_by = 0;
   // From the coordinator's plan; -1 until planned.
@@ -35,7 +42,10 @@ struct LocalTensor {
   std::vector<int64_t> last_step;
   bool unlinked = false;
 
-  // Creates the shared memory for `local_size` trainers.
+  bool on_device() const { return spec.memory() == v1::MEMORY_KIND_CUDA; }
+
+  // Creates the shared memory for `local_size` trainers (none for a CUDA
+  // tensor).
   static absl::StatusOr<std::unique_ptr<LocalTensor>> Create(
       const std::string& shm_name, const v1::TensorSpec& spec,
       int32_t local_size);

@@ -4,11 +4,16 @@
 
 #include <cstdio>
 #include <cstring>
+#include <numeric>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "agent/agent.h"
 #ifdef BATON_HAVE_NCCL
+#include "agent/transport/nccl/cuda_device_memory.h"
+#include "agent/transport/nccl/cuda_nccl_api.h"
 #include "agent/transport/nccl/local_gpus.h"
+#include "agent/transport/nccl/nccl_transport.h"
 #endif
 #include "common/init.h"
 #include "common/metrics.h"
@@ -28,6 +33,10 @@ DEFINE_string(data_host, "127.0.0.1",
 DEFINE_string(scheduling, "priority",
               "Scheduling of jobs whose trainers do not set BATON_SCHEDULING: "
               "priority or fifo");
+DEFINE_string(gpu_cross_node, "nccl",
+              "How CUDA tensors cross nodes: nccl (one NCCL group over every "
+              "GPU of the job) or gloo (NCCL within the node, gloo on host "
+              "memory between agents: the hierarchical path)");
 DEFINE_int64(credit_bytes, 16 << 20,
              "Bytes in flight per job on this node (priority scheduling); "
              "one partition is always admitted");
@@ -92,6 +101,15 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
         absl::StrCat("--scheduling=", FLAGS_scheduling,
                      " is unknown: give priority or fifo"));
   }
+  if (FLAGS_gpu_cross_node == "nccl") {
+    config.gpu_cross_node = agent::GpuCrossNode::kNccl;
+  } else if (FLAGS_gpu_cross_node == "gloo") {
+    config.gpu_cross_node = agent::GpuCrossNode::kGloo;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu_cross_node=", FLAGS_gpu_cross_node,
+                     " is unknown: give nccl or gloo"));
+  }
   const struct {
     const char* name;
     int64_t value;
@@ -131,21 +149,45 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
   return config;
 }
 
-// Says which data plane this node can use. Push-pull runs on gloo until
-// the scheduler drives the NCCL transport (issue 8), GPUs or not.
-void LogDataPlane() {
+// The GPUs this node drives for CUDA tensors (every device the agent sees),
+// and a log line saying which data plane the node uses.
+agent::GpuSupport LocalGpus(const agent::AgentConfig& config) {
+  agent::GpuSupport gpus;
 #ifdef BATON_HAVE_NCCL
-  const absl::StatusOr<std::string> gpus = agent::DescribeLocalGpus();
-  if (gpus.ok()) {
-    LOG(INFO) << "GPU data plane: " << *gpus
-              << " (push-pull still runs on the CPU transport (gloo): the "
-                 "scheduler does not drive NCCL yet)";
-  } else {
-    LOG(INFO) << "using the CPU transport (gloo): " << gpus.status().message();
+  absl::StatusOr<agent::gpu::GpuApi*> api = agent::gpu::LoadCudaNcclApi();
+  absl::StatusOr<std::string> described =
+      api.ok() ? agent::DescribeLocalGpus(**api)
+               : absl::StatusOr<std::string>(api.status());
+  if (described.ok()) {
+    std::vector<int> ordinals(*agent::CountCudaDevices(**api));
+    std::iota(ordinals.begin(), ordinals.end(), 0);
+    auto memory = agent::CreateCudaDeviceMemory(*api, ordinals);
+    if (memory.ok()) {
+      gpus.memory = std::move(*memory);
+      gpus.transport = [api = *api, ordinals](const std::vector<int>& local)
+          -> absl::StatusOr<std::unique_ptr<agent::DeviceTransport>> {
+        agent::NcclTransport::Options options;
+        for (int index : local) options.devices.push_back(ordinals[index]);
+        auto transport = agent::NcclTransport::Create(api, options);
+        if (!transport.ok()) return transport.status();
+        return std::unique_ptr<agent::DeviceTransport>(std::move(*transport));
+      };
+      LOG(INFO) << "GPU data plane: " << *described
+                << "; CUDA tensors cross nodes over "
+                << agent::GpuCrossNodeName(config.gpu_cross_node)
+                << ", host tensors over gloo";
+      return gpus;
+    }
+    described = memory.status();
   }
+  gpus.unavailable = std::string(described.status().message());
+  LOG(INFO) << "using the CPU transport (gloo): " << gpus.unavailable;
 #else
-  LOG(INFO) << "using the CPU transport (gloo): built without CUDA/NCCL";
+  (void)config;
+  gpus.unavailable = "built without CUDA/NCCL";
+  LOG(INFO) << "using the CPU transport (gloo): " << gpus.unavailable;
 #endif
+  return gpus;
 }
 
 int Main(int argc, char** argv) {
@@ -158,8 +200,7 @@ int Main(int argc, char** argv) {
                  std::string(config.status().message()).c_str());
     return 2;
   }
-  LogDataPlane();
-  agent::Agent agent(*config);
+  agent::Agent agent(*config, LocalGpus(*config));
   const absl::StatusOr<std::string> metrics_url =
       agent.ServeMetrics(FLAGS_metrics_listen);
   absl::Status status = metrics_url.status();

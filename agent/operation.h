@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/transport/device_memory.h"
 #include "baton/v1/common.pb.h"
 
 namespace baton::agent {
@@ -19,6 +20,18 @@ enum class SchedulingMode {
 };
 
 const char* SchedulingModeName(SchedulingMode mode);
+
+// How the collectives of CUDA tensors cross nodes (--gpu_cross_node).
+enum class GpuCrossNode {
+  // One NCCL group over every GPU of the job.
+  kNccl = 1,
+  // The hierarchical path: an NCCL reduce onto this node's first GPU, the
+  // agents' gloo allreduce on host memory, an NCCL broadcast back to the
+  // node's GPUs (BytePS and Horovod's hierarchical allreduce).
+  kGloo = 2,
+};
+
+const char* GpuCrossNodeName(GpuCrossNode mode);
 
 // One collective on one tensor for one step, ready on this node: every local
 // trainer has written its input. Immutable once submitted to the data plane;
@@ -44,10 +57,20 @@ struct Operation {
   int64_t size_bytes = 0;
   // Bytes per partition; the last one may be shorter. A multiple of 8.
   int64_t partition_bytes = 0;
-  // One input per local trainer, in local-rank order, and the output every
-  // local trainer reads (never one of the inputs).
+  // Host tensors: one input per local trainer, in local-rank order, and the
+  // output every local trainer reads (never one of the inputs).
   std::vector<const uint8_t*> inputs;
   uint8_t* output = nullptr;
+  // CUDA tensors (TensorSpec.memory MEMORY_KIND_CUDA): each local trainer's
+  // tensor, which is input and result (in place), indexed by local device
+  // (DeviceCommunicator's local order; one trainer per device), with the
+  // trainer's ready event the collective waits for. `inputs` is empty;
+  // `output`, when set, is host memory of size_bytes that stages the
+  // cross-node step of the hierarchical path. For a broadcast, root_local
+  // is the root's local device.
+  bool on_device = false;
+  std::vector<uint8_t*> device_buffers;
+  std::vector<DeviceEvent*> ready;
   // When the last local trainer enqueued it (microseconds since the epoch):
   // fifo mode orders by the latest of these across nodes.
   int64_t ready_unix_us = 0;

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "baton/v1/trainer.grpc.pb.h"
+#include "client/declaration.h"
 #include "common/shm.h"
 #include "common/shm_channel.h"
 #include "grpcpp/grpcpp.h"
@@ -406,10 +407,16 @@ int64_t Client::generation() const {
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
-    const std::vector<v1::TensorSpec>& specs) {
+    const std::vector<v1::TensorSpec>& specs,
+    const std::vector<v1::CudaBuffer>& cuda_buffers) {
+  if (absl::Status s = CheckDeclaration(specs, cuda_buffers); !s.ok()) {
+    return s;
+  }
   v1::TrainerRequest request;
-  for (const v1::TensorSpec& spec : specs) {
-    *request.mutable_declare()->add_tensors() = spec;
+  v1::DeclareRequest* declare = request.mutable_declare();
+  for (const v1::TensorSpec& spec : specs) *declare->add_tensors() = spec;
+  for (const v1::CudaBuffer& buffer : cuda_buffers) {
+    *declare->add_cuda_buffers() = buffer;
   }
   absl::StatusOr<v1::TrainerEvent> reply = impl_->Call(request);
   if (!reply.ok()) return reply.status();
@@ -419,6 +426,21 @@ absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
   }
   std::vector<std::shared_ptr<Tensor>> tensors;
   for (const v1::DeclaredTensor& d : reply->declared().tensors()) {
+    const v1::TensorSpec& spec = specs[tensors.size()];
+    if (spec.memory() == v1::MEMORY_KIND_CUDA) {
+      // An agent that predates CUDA tensors ignores TensorSpec.memory and
+      // would run the collective on shared memory nobody writes.
+      if (!d.shm_name().empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the baton agent on ", impl_->socket_, " answered CUDA tensor \"",
+            spec.name(),
+            "\" with shared memory: it predates CUDA tensors; upgrade "
+            "baton-agent"));
+      }
+      tensors.push_back(std::make_shared<Tensor>(
+          d.index(), spec, d.size_bytes(), nullptr, 0, 0));
+      continue;
+    }
     absl::StatusOr<SharedMemory> memory =
         SharedMemory::Open(d.shm_name(), static_cast<size_t>(d.shm_bytes()));
     if (!memory.ok()) return memory.status();
@@ -427,9 +449,9 @@ absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
       std::lock_guard<std::mutex> lock(impl_->mu_);
       impl_->mappings_.push_back(std::move(*memory));
     }
-    tensors.push_back(std::make_shared<Tensor>(
-        d.index(), specs[tensors.size()], d.size_bytes(), base,
-        d.input_offset(), d.output_offset()));
+    tensors.push_back(std::make_shared<Tensor>(d.index(), spec, d.size_bytes(),
+                                               base, d.input_offset(),
+                                               d.output_offset()));
   }
   return tensors;
 }

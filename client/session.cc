@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/declaration.h"
 
 namespace baton {
 
@@ -62,14 +63,38 @@ std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
 }
 
 std::string SpecText(const v1::TensorSpec& spec) {
-  return absl::StrCat(v1::DataType_Name(spec.dtype()), ShapeText(spec.shape()),
-                      " ", v1::CollectiveOp_Name(spec.op()));
+  return absl::StrCat(
+      v1::DataType_Name(spec.dtype()), ShapeText(spec.shape()), " ",
+      v1::CollectiveOp_Name(spec.op()),
+      spec.memory() == v1::MEMORY_KIND_CUDA ? " in CUDA memory" : "");
 }
 
 bool SameSpec(const v1::TensorSpec& a, const v1::TensorSpec& b) {
   return a.dtype() == b.dtype() && a.op() == b.op() &&
+         a.memory() == b.memory() &&
          std::equal(a.shape().begin(), a.shape().end(), b.shape().begin(),
                     b.shape().end());
+}
+
+v1::TensorSpec MakeSpec(const std::string& name, v1::DataType dtype,
+                        const std::vector<int64_t>& shape, v1::CollectiveOp op,
+                        v1::MemoryKind memory) {
+  v1::TensorSpec spec;
+  spec.set_name(name);
+  spec.set_dtype(dtype);
+  spec.set_op(op);
+  spec.set_memory(memory);
+  for (int64_t d : shape) spec.add_shape(d);
+  return spec;
+}
+
+v1::CudaBuffer MakeCudaBuffer(const DeviceBuffer& buffer) {
+  v1::CudaBuffer cuda;
+  cuda.set_pci_bus_id(buffer.pci_bus_id);
+  cuda.set_memory_handle(buffer.memory_handle);
+  cuda.set_offset(buffer.offset);
+  cuda.set_event_handle(buffer.event_handle);
+  return cuda;
 }
 
 // Checks a launcher's RANK / WORLD_SIZE against what the job assigned.
@@ -92,38 +117,87 @@ absl::Status CheckLauncherVariable(const char* variable, int64_t assigned) {
   return absl::OkStatus();
 }
 
+// One operation as the caller started it.
+struct OperationRequest {
+  // Name, dtype, shape, collective and memory.
+  v1::TensorSpec spec;
+  // Host memory: where the input is read, and where Synchronize writes the
+  // result (nullptr: nowhere).
+  const void* input = nullptr;
+  void* output = nullptr;
+  // CUDA memory: where the tensor lives (its index is not used).
+  v1::CudaBuffer cuda;
+  bool average = false;
+  int32_t root_rank = 0;
+};
+
 }  // namespace
 
 class Session::Impl {
  public:
   explicit Impl(std::unique_ptr<Client> client) : client_(std::move(client)) {}
 
-  absl::Status Declare(const std::vector<v1::TensorSpec>& specs) {
+  absl::Status Declare(const std::vector<v1::TensorSpec>& specs,
+                       const std::vector<v1::CudaBuffer>& cuda_buffers) {
+    if (absl::Status s = CheckDeclaration(specs, cuda_buffers); !s.ok()) {
+      return s;
+    }
+    // Checked above: at most one buffer per spec, and only for CUDA specs.
+    std::map<int32_t, const v1::CudaBuffer*> buffer_of;
+    for (const v1::CudaBuffer& buffer : cuda_buffers) {
+      buffer_of[buffer.index()] = &buffer;
+    }
     // One declaration at a time: the agent numbers tensors in request order.
     std::lock_guard<std::mutex> declare_lock(declare_mu_);
     std::vector<v1::TensorSpec> fresh;
+    std::vector<v1::CudaBuffer> fresh_buffers;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_) return Closed();
-      for (const v1::TensorSpec& spec : specs) {
-        auto it = tensors_.find(spec.name());
-        const v1::TensorSpec* known =
-            it != tensors_.end() ? &it->second->spec() : nullptr;
-        for (const v1::TensorSpec& f : fresh) {
-          if (f.name() == spec.name()) known = &f;
+      for (size_t i = 0; i < specs.size(); ++i) {
+        const v1::TensorSpec& spec = specs[i];
+        auto found = buffer_of.find(static_cast<int32_t>(i));
+        const v1::CudaBuffer* buffer =
+            found != buffer_of.end() ? found->second : nullptr;
+        const v1::TensorSpec* known = nullptr;
+        const v1::CudaBuffer* known_buffer = nullptr;
+        if (auto it = tensors_.find(spec.name()); it != tensors_.end()) {
+          known = &it->second->spec();
+          auto cuda = cuda_buffers_.find(spec.name());
+          if (cuda != cuda_buffers_.end()) known_buffer = &cuda->second;
+        }
+        for (size_t f = 0; f < fresh.size(); ++f) {
+          if (fresh[f].name() != spec.name()) continue;
+          known = &fresh[f];
+          for (const v1::CudaBuffer& b : fresh_buffers) {
+            if (b.index() == static_cast<int32_t>(f)) known_buffer = &b;
+          }
         }
         if (known == nullptr) {
+          if (buffer != nullptr) {
+            v1::CudaBuffer& added = fresh_buffers.emplace_back(*buffer);
+            added.set_index(static_cast<int32_t>(fresh.size()));
+          }
           fresh.push_back(spec);
-        } else if (!SameSpec(*known, spec)) {
-          return Mismatch(spec.name(), *known, spec);
+          continue;
+        }
+        if (absl::Status s = CheckSame(*known, known_buffer, spec, buffer);
+            !s.ok()) {
+          return s;
         }
       }
     }
     if (fresh.empty()) return absl::OkStatus();
     absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> declared =
-        client_->Declare(fresh);
+        client_->Declare(fresh, fresh_buffers);
     if (!declared.ok()) return declared.status();
     std::lock_guard<std::mutex> lock(mu_);
+    for (const v1::CudaBuffer& buffer : fresh_buffers) {
+      v1::CudaBuffer& kept =
+          cuda_buffers_[fresh[static_cast<size_t>(buffer.index())].name()];
+      kept = buffer;
+      kept.clear_index();
+    }
     for (std::shared_ptr<Tensor>& tensor : *declared) {
       const std::string name = tensor->spec().name();
       tensors_.emplace(name, std::move(tensor));
@@ -131,27 +205,23 @@ class Session::Impl {
     return absl::OkStatus();
   }
 
-  // Copies `buffer` in and starts `op`; Synchronize copies the result to
-  // `output` (nullptr: nowhere).
-  absl::StatusOr<OperationHandle> Start(const std::string& name,
-                                        const Buffer& buffer, void* output,
-                                        v1::CollectiveOp op, bool average,
-                                        int32_t root_rank) {
-    v1::TensorSpec spec;
-    spec.set_name(name);
-    spec.set_dtype(buffer.dtype);
-    spec.set_op(op);
-    for (int64_t d : buffer.shape) spec.add_shape(d);
-    const int64_t element = ElementSize(buffer.dtype);
+  // Copies a host input in (a CUDA one is the caller's to write) and starts
+  // the operation; Synchronize copies a host result out.
+  absl::StatusOr<OperationHandle> Start(const OperationRequest& request) {
+    const v1::TensorSpec& spec = request.spec;
+    const std::string& name = spec.name();
+    const v1::CollectiveOp op = spec.op();
+    const bool on_device = spec.memory() == v1::MEMORY_KIND_CUDA;
+    const int64_t element = ElementSize(spec.dtype());
     if (element == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor \"", name, "\": unsupported dtype ",
-                       v1::DataType_Name(buffer.dtype),
+                       v1::DataType_Name(spec.dtype()),
                        "; use float32/64, float16, bfloat16, int32/64, "
                        "uint8 or int8"));
     }
     int64_t elements = 1;
-    for (int64_t d : buffer.shape) {
+    for (int64_t d : spec.shape()) {
       if (d < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("tensor \"", name, "\": shape ",
@@ -159,11 +229,20 @@ class Session::Impl {
       }
       elements *= d;
     }
-    if ((buffer.data == nullptr || output == nullptr) && elements > 0) {
+    std::vector<v1::CudaBuffer> cuda_buffers;
+    if (on_device) {
+      cuda_buffers.push_back(request.cuda);
+      cuda_buffers.back().set_index(0);
+      if (absl::Status s = CheckDeclaration({spec}, cuda_buffers); !s.ok()) {
+        return s;
+      }
+    } else if ((request.input == nullptr || request.output == nullptr) &&
+               elements > 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor \"", name, "\": the ",
-          buffer.data == nullptr ? "buffer's data" : "output", " is null"));
+          request.input == nullptr ? "buffer's data" : "output", " is null"));
     }
+    const int32_t root_rank = request.root_rank;
     if (op == v1::COLLECTIVE_OP_BROADCAST &&
         (root_rank < 0 || root_rank >= client_->size())) {
       return absl::InvalidArgumentError(
@@ -172,6 +251,7 @@ class Session::Impl {
     }
 
     std::shared_ptr<Tensor> tensor;
+    const v1::CudaBuffer* declared_buffer = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_) return Closed();
@@ -192,24 +272,31 @@ class Session::Impl {
       }
       auto it = tensors_.find(name);
       if (it != tensors_.end()) tensor = it->second;
+      // Entries are never removed, so the pointer stays valid.
+      auto cuda = cuda_buffers_.find(name);
+      if (cuda != cuda_buffers_.end()) declared_buffer = &cuda->second;
     }
     absl::Cleanup release_name = [&] {
       std::lock_guard<std::mutex> lock(mu_);
       starting_.erase(name);
     };
     if (tensor == nullptr) {
-      if (absl::Status s = Declare({spec}); !s.ok()) return s;
+      if (absl::Status s = Declare({spec}, cuda_buffers); !s.ok()) return s;
       std::lock_guard<std::mutex> lock(mu_);
       tensor = tensors_.at(name);
+      auto cuda = cuda_buffers_.find(name);
+      if (cuda != cuda_buffers_.end()) declared_buffer = &cuda->second;
     }
-    if (!SameSpec(tensor->spec(), spec)) {
-      return Mismatch(name, tensor->spec(), spec);
+    if (absl::Status s = CheckSame(tensor->spec(), declared_buffer, spec,
+                                   on_device ? &cuda_buffers.front() : nullptr);
+        !s.ok()) {
+      return s;
     }
 
     const bool is_root =
         op == v1::COLLECTIVE_OP_BROADCAST && client_->rank() == root_rank;
-    if (op == v1::COLLECTIVE_OP_PUSH_PULL || is_root) {
-      std::memcpy(tensor->input(), buffer.data,
+    if (!on_device && (op == v1::COLLECTIVE_OP_PUSH_PULL || is_root)) {
+      std::memcpy(tensor->input(), request.input,
                   static_cast<size_t>(tensor->size_bytes()));
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -217,12 +304,14 @@ class Session::Impl {
     int64_t& step = next_step_[name];
     absl::StatusOr<std::shared_ptr<Handle>> handle =
         op == v1::COLLECTIVE_OP_PUSH_PULL
-            ? client_->PushPullAsync(*tensor, step, average)
+            ? client_->PushPullAsync(*tensor, step, request.average)
             : client_->BroadcastAsync(*tensor, step, root_rank);
     if (!handle.ok()) return handle.status();
     ++step;
+    // A CUDA result is already in the caller's buffer when it completes.
     auto operation = std::make_shared<Operation>(
-        name, std::move(*handle), tensor, is_root ? nullptr : output);
+        name, std::move(*handle), tensor,
+        is_root || on_device ? nullptr : request.output);
     in_flight_.emplace(name, operation);
     starting_.erase(name);
     std::move(release_name).Cancel();
@@ -313,14 +402,30 @@ class Session::Impl {
         "the baton session is shut down; call Init again to start a new one");
   }
 
-  static absl::Status Mismatch(const std::string& name,
-                               const v1::TensorSpec& declared,
-                               const v1::TensorSpec& used) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor \"", name, "\" was declared as ", SpecText(declared),
-        " but is used as ", SpecText(used),
-        "; a name keeps its dtype, shape and collective for the whole job: "
-        "use another name"));
+  // Whether a use of a declared name (`buffer` null for host memory)
+  // matches its declaration.
+  static absl::Status CheckSame(const v1::TensorSpec& declared,
+                                const v1::CudaBuffer* declared_buffer,
+                                const v1::TensorSpec& used,
+                                const v1::CudaBuffer* buffer) {
+    const std::string& name = used.name();
+    if (!SameSpec(declared, used)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", name, "\" was declared as ", SpecText(declared),
+          " but is used as ", SpecText(used),
+          "; a name keeps its dtype, shape, collective and memory for the "
+          "whole job: use another name"));
+    }
+    if (declared_buffer != nullptr && buffer != nullptr &&
+        !SameCudaBuffer(*declared_buffer, *buffer)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor \"", name,
+          "\" is used with another CUDA buffer than it was declared with (its "
+          "memory_handle, offset, event_handle or pci_bus_id differ); the "
+          "agent keeps the declared one open for the whole job: keep that "
+          "allocation and event alive and pass the same handles"));
+    }
+    return absl::OkStatus();
   }
 
   void Retire(const OperationHandle& operation) {
@@ -333,6 +438,8 @@ class Session::Impl {
   mutable std::mutex mu_;
   bool closed_ = false;
   std::map<std::string, std::shared_ptr<Tensor>> tensors_;
+  // Where each declared CUDA tensor lives (index cleared).
+  std::map<std::string, v1::CudaBuffer> cuda_buffers_;
   std::map<std::string, int64_t> next_step_;
   std::map<std::string, OperationHandle> in_flight_;
   std::set<std::string> starting_;
@@ -377,41 +484,78 @@ int32_t Session::size() const { return impl_->client_->size(); }
 int32_t Session::local_rank() const { return impl_->client_->local_rank(); }
 int32_t Session::local_size() const { return impl_->client_->local_size(); }
 
-absl::Status Session::DeclareTensors(const std::vector<v1::TensorSpec>& specs) {
-  return impl_->Declare(specs);
+absl::Status Session::DeclareTensors(
+    const std::vector<v1::TensorSpec>& specs,
+    const std::vector<v1::CudaBuffer>& cuda_buffers) {
+  return impl_->Declare(specs, cuda_buffers);
 }
 
 absl::Status Session::DeclareTensor(const std::string& name, v1::DataType dtype,
                                     const std::vector<int64_t>& shape,
                                     v1::CollectiveOp op) {
-  v1::TensorSpec spec;
-  spec.set_name(name);
-  spec.set_dtype(dtype);
-  spec.set_op(op);
-  for (int64_t d : shape) spec.add_shape(d);
-  return impl_->Declare({spec});
+  return impl_->Declare(
+      {MakeSpec(name, dtype, shape, op, v1::MEMORY_KIND_HOST)}, {});
+}
+
+absl::Status Session::DeclareTensor(const std::string& name,
+                                    const DeviceBuffer& buffer,
+                                    v1::CollectiveOp op) {
+  v1::CudaBuffer cuda = MakeCudaBuffer(buffer);
+  cuda.set_index(0);
+  return impl_->Declare(
+      {MakeSpec(name, buffer.dtype, buffer.shape, op, v1::MEMORY_KIND_CUDA)},
+      {cuda});
 }
 
 absl::StatusOr<OperationHandle> Session::PushPullAsync(const std::string& name,
                                                        const Buffer& buffer,
                                                        bool average) {
-  return impl_->Start(name, buffer, buffer.data, v1::COLLECTIVE_OP_PUSH_PULL,
-                      average, 0);
+  return PushPullAsync(name, buffer, buffer.data, average);
 }
 
 absl::StatusOr<OperationHandle> Session::PushPullAsync(const std::string& name,
                                                        const Buffer& buffer,
                                                        void* output,
                                                        bool average) {
-  return impl_->Start(name, buffer, output, v1::COLLECTIVE_OP_PUSH_PULL,
-                      average, 0);
+  OperationRequest request;
+  request.spec = MakeSpec(name, buffer.dtype, buffer.shape,
+                          v1::COLLECTIVE_OP_PUSH_PULL, v1::MEMORY_KIND_HOST);
+  request.input = buffer.data;
+  request.output = output;
+  request.average = average;
+  return impl_->Start(request);
 }
 
 absl::StatusOr<OperationHandle> Session::BroadcastAsync(const std::string& name,
                                                         const Buffer& buffer,
                                                         int32_t root_rank) {
-  return impl_->Start(name, buffer, buffer.data, v1::COLLECTIVE_OP_BROADCAST,
-                      false, root_rank);
+  OperationRequest request;
+  request.spec = MakeSpec(name, buffer.dtype, buffer.shape,
+                          v1::COLLECTIVE_OP_BROADCAST, v1::MEMORY_KIND_HOST);
+  request.input = buffer.data;
+  request.output = buffer.data;
+  request.root_rank = root_rank;
+  return impl_->Start(request);
+}
+
+absl::StatusOr<OperationHandle> Session::PushPullAsync(
+    const std::string& name, const DeviceBuffer& buffer, bool average) {
+  OperationRequest request;
+  request.spec = MakeSpec(name, buffer.dtype, buffer.shape,
+                          v1::COLLECTIVE_OP_PUSH_PULL, v1::MEMORY_KIND_CUDA);
+  request.cuda = MakeCudaBuffer(buffer);
+  request.average = average;
+  return impl_->Start(request);
+}
+
+absl::StatusOr<OperationHandle> Session::BroadcastAsync(
+    const std::string& name, const DeviceBuffer& buffer, int32_t root_rank) {
+  OperationRequest request;
+  request.spec = MakeSpec(name, buffer.dtype, buffer.shape,
+                          v1::COLLECTIVE_OP_BROADCAST, v1::MEMORY_KIND_CUDA);
+  request.cuda = MakeCudaBuffer(buffer);
+  request.root_rank = root_rank;
+  return impl_->Start(request);
 }
 
 bool Session::Poll(const OperationHandle& handle) const {
@@ -438,18 +582,31 @@ absl::Status Session::Broadcast(const std::string& name, const Buffer& buffer,
   return Synchronize(*handle);
 }
 
+absl::Status Session::PushPull(const std::string& name,
+                               const DeviceBuffer& buffer, bool average) {
+  absl::StatusOr<OperationHandle> handle = PushPullAsync(name, buffer, average);
+  if (!handle.ok()) return handle.status();
+  return Synchronize(*handle);
+}
+
+absl::Status Session::Broadcast(const std::string& name,
+                                const DeviceBuffer& buffer, int32_t root_rank) {
+  absl::StatusOr<OperationHandle> handle =
+      BroadcastAsync(name, buffer, root_rank);
+  if (!handle.ok()) return handle.status();
+  return Synchronize(*handle);
+}
+
 absl::Status Session::BroadcastParameters(
     const std::vector<std::pair<std::string, Buffer>>& params,
     int32_t root_rank) {
   std::vector<v1::TensorSpec> specs;
   for (const auto& [name, buffer] : params) {
-    v1::TensorSpec& spec = specs.emplace_back();
-    spec.set_name(absl::StrCat("Parameter.", name));
-    spec.set_dtype(buffer.dtype);
-    spec.set_op(v1::COLLECTIVE_OP_BROADCAST);
-    for (int64_t d : buffer.shape) spec.add_shape(d);
+    specs.push_back(MakeSpec(absl::StrCat("Parameter.", name), buffer.dtype,
+                             buffer.shape, v1::COLLECTIVE_OP_BROADCAST,
+                             v1::MEMORY_KIND_HOST));
   }
-  if (absl::Status s = impl_->Declare(specs); !s.ok()) return s;
+  if (absl::Status s = impl_->Declare(specs, {}); !s.ok()) return s;
   std::vector<OperationHandle> handles;
   absl::Status first_error;
   for (size_t i = 0; i < params.size(); ++i) {

@@ -60,6 +60,10 @@ absl::Status ValidateTensorSpec(const std::string& what,
     return bad("op", absl::StrCat("is ", OpText(spec.op()),
                                   ": declare push_pull or broadcast"));
   }
+  if (!v1::MemoryKind_IsValid(spec.memory())) {
+    return bad("memory", absl::StrCat("is ", MemoryText(spec.memory()),
+                                      ": declare host or cuda"));
+  }
   if (spec.shape_size() > kMaxTensorDims) {
     return bad("shape", absl::StrCat("has ", spec.shape_size(),
                                      " dimensions; the limit is ",
@@ -110,22 +114,51 @@ std::string OpText(v1::CollectiveOp op) {
   return absl::StrCat(static_cast<int>(op), ", not a known CollectiveOp");
 }
 
+std::string MemoryText(v1::MemoryKind memory) {
+  if (memory == v1::MEMORY_KIND_HOST) return "host";
+  if (memory == v1::MEMORY_KIND_CUDA) return "cuda";
+  return absl::StrCat(static_cast<int>(memory), ", not a known MemoryKind");
+}
+
 std::string ShapeText(const v1::TensorSpec& spec) {
   return absl::StrCat("[", absl::StrJoin(spec.shape(), ", "), "]");
 }
 
 std::string DescribeSpec(const v1::TensorSpec& spec) {
   return absl::StrCat("\"", spec.name(), "\" (", DtypeText(spec.dtype()), " ",
-                      ShapeText(spec), " ", OpText(spec.op()), ")");
+                      ShapeText(spec), " ", OpText(spec.op()),
+                      spec.memory() == v1::MEMORY_KIND_HOST
+                          ? ""
+                          : absl::StrCat(", ", MemoryText(spec.memory())),
+                      ")");
 }
 
 const char* SpecFieldName(SpecField field) {
-  return field == kDtype ? "dtype" : field == kShape ? "shape" : "op";
+  switch (field) {
+    case kDtype:
+      return "dtype";
+    case kShape:
+      return "shape";
+    case kOp:
+      return "op";
+    case kMemory:
+      return "memory";
+  }
+  return "?";
 }
 
 std::string SpecFieldText(const v1::TensorSpec& spec, SpecField field) {
-  if (field == kDtype) return DtypeText(spec.dtype());
-  return field == kShape ? ShapeText(spec) : OpText(spec.op());
+  switch (field) {
+    case kDtype:
+      return DtypeText(spec.dtype());
+    case kShape:
+      return ShapeText(spec);
+    case kOp:
+      return OpText(spec.op());
+    case kMemory:
+      return MemoryText(spec.memory());
+  }
+  return "?";
 }
 
 uint8_t DiffSpecFields(const v1::TensorSpec& a, const v1::TensorSpec& b) {
@@ -136,6 +169,7 @@ uint8_t DiffSpecFields(const v1::TensorSpec& a, const v1::TensorSpec& b) {
     fields |= kShape;
   }
   if (a.op() != b.op()) fields |= kOp;
+  if (a.memory() != b.memory()) fields |= kMemory;
   return fields;
 }
 

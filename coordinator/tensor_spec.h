@@ -20,16 +20,16 @@ inline constexpr int64_t kMaxTensorBytes = int64_t{16} << 30;
 inline constexpr int kMaxTensorDims = 8;
 
 // The fields two declarations of one name can disagree on, as bits.
-enum SpecField : uint8_t { kDtype = 1, kShape = 2, kOp = 4 };
-inline constexpr SpecField kSpecFields[] = {kDtype, kShape, kOp};
+enum SpecField : uint8_t { kDtype = 1, kShape = 2, kOp = 4, kMemory = 8 };
+inline constexpr SpecField kSpecFields[] = {kDtype, kShape, kOp, kMemory};
 
 // Bytes per element of `dtype`; 0 for UNSPECIFIED or an unknown value.
 int64_t ElementSize(v1::DataType dtype);
 
 // OK when `spec` has a valid name, a known dtype, op push_pull or broadcast,
-// at most kMaxTensorDims dimensions, each >= 0, and holds at most
-// kMaxTensorBytes. Otherwise INVALID_ARGUMENT naming the field, with `what`
-// naming the spec ("Manifest.tensors[3]").
+// a known memory kind, at most kMaxTensorDims dimensions, each >= 0, and holds
+// at most kMaxTensorBytes. Otherwise INVALID_ARGUMENT naming the field, with
+// `what` naming the spec ("Manifest.tensors[3]").
 absl::Status ValidateTensorSpec(const std::string& what,
                                 const v1::TensorSpec& spec);
 
@@ -43,18 +43,22 @@ int64_t TensorSizeBytes(const v1::TensorSpec& spec);
 std::string DtypeText(v1::DataType dtype);
 // "push_pull", "broadcast"; "unspecified"; "7, not a known CollectiveOp".
 std::string OpText(v1::CollectiveOp op);
+// "host", "cuda"; "5, not a known MemoryKind".
+std::string MemoryText(v1::MemoryKind memory);
 // "[3, 4]"; "[]" for a scalar.
 std::string ShapeText(const v1::TensorSpec& spec);
-// `"w" (float32 [3, 4] push_pull)`, for errors that show a whole spec.
+// `"w" (float32 [3, 4] push_pull)`, `"w" (float32 [3, 4] push_pull, cuda)`,
+// for errors that show a whole spec.
 std::string DescribeSpec(const v1::TensorSpec& spec);
 
-// "dtype", "shape" or "op".
+// "dtype", "shape", "op" or "memory".
 const char* SpecFieldName(SpecField field);
-// The value of `field` in `spec`, as DtypeText, ShapeText or OpText write it.
+// The value of `field` in `spec`, as DtypeText, ShapeText, OpText or
+// MemoryText write it.
 std::string SpecFieldText(const v1::TensorSpec& spec, SpecField field);
 // The SpecFields in which `a` and `b` differ (names are not compared).
 uint8_t DiffSpecFields(const v1::TensorSpec& a, const v1::TensorSpec& b);
-// Same name, dtype, shape and op.
+// Same name, dtype, shape, op and memory.
 bool SameSpec(const v1::TensorSpec& a, const v1::TensorSpec& b);
 
 // `ranks` (ascending) as "{0,1}" or "{0-7,16-23}": runs of three or more

@@ -1,8 +1,12 @@
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "agent/transport/transport.h"
 #include "baton/v1/common.pb.h"
@@ -69,6 +73,24 @@ class DeviceCommunicator : public Communicator {
   // every later call returns FAILED_PRECONDITION. Idempotent; the first
   // reason is kept.
   virtual void Abort(const absl::Status& status) = 0;
+};
+
+// Builds DeviceCommunicators over a fixed list of this node's GPUs (the NCCL
+// transport). Thread-safe.
+class DeviceTransport {
+ public:
+  virtual ~DeviceTransport() = default;
+
+  // request.count groups over every node's GPUs (every node drives the same
+  // number); errors as Transport::Connect, and FAILED_PRECONDITION when the
+  // nodes' device counts differ.
+  virtual absl::StatusOr<std::vector<std::unique_ptr<DeviceCommunicator>>>
+  ConnectDevices(const ConnectRequest& request) = 0;
+
+  // A group of this node's GPUs only (the hierarchical path's local reduce
+  // and broadcast).
+  virtual absl::StatusOr<std::unique_ptr<DeviceCommunicator>> ConnectLocal(
+      std::chrono::milliseconds timeout) = 0;
 };
 
 }  // namespace baton::agent

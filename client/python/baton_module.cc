@@ -1,8 +1,9 @@
 // baton._baton: the Python binding of baton::Session.
 //
-// It takes raw pointers, dtypes and shapes from Python and never links
-// libtorch, so one build serves any torch version; baton/torch/ turns
-// tensors into those arguments. Every call that can wait releases the GIL.
+// It takes raw pointers, dtypes and shapes from Python (and, for CUDA
+// tensors, CUDA IPC handles as bytes) and never links libtorch or CUDA, so
+// one build serves any torch version; baton/torch/ turns tensors into those
+// arguments. Every call that can wait releases the GIL.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -51,6 +52,39 @@ Buffer MakeBuffer(uintptr_t data, int dtype, std::vector<int64_t> shape) {
   buffer.dtype = static_cast<v1::DataType>(dtype);
   buffer.shape = std::move(shape);
   return buffer;
+}
+
+DeviceBuffer MakeDeviceBuffer(int dtype, std::vector<int64_t> shape,
+                              const py::bytes& memory_handle, int64_t offset,
+                              const py::bytes& event_handle,
+                              std::string pci_bus_id) {
+  DeviceBuffer buffer;
+  buffer.dtype = static_cast<v1::DataType>(dtype);
+  buffer.shape = std::move(shape);
+  buffer.memory_handle = memory_handle.cast<std::string>();
+  buffer.offset = offset;
+  buffer.event_handle = event_handle.cast<std::string>();
+  buffer.pci_bus_id = std::move(pci_bus_id);
+  return buffer;
+}
+
+// (name, dtype, shape, op) or (name, dtype, shape, op, memory).
+v1::TensorSpec SpecFromTuple(const py::tuple& tensor) {
+  if (tensor.size() != 4 && tensor.size() != 5) {
+    throw py::value_error(
+        "declare: each tensor is (name, dtype, shape, op) or (name, dtype, "
+        "shape, op, memory), not a tuple of " +
+        std::to_string(tensor.size()));
+  }
+  v1::TensorSpec spec;
+  spec.set_name(tensor[0].cast<std::string>());
+  spec.set_dtype(static_cast<v1::DataType>(tensor[1].cast<int>()));
+  for (int64_t d : tensor[2].cast<std::vector<int64_t>>()) spec.add_shape(d);
+  spec.set_op(static_cast<v1::CollectiveOp>(tensor[3].cast<int>()));
+  if (tensor.size() == 5) {
+    spec.set_memory(static_cast<v1::MemoryKind>(tensor[4].cast<int>()));
+  }
+  return spec;
 }
 
 std::chrono::milliseconds Millis(double seconds) {
@@ -117,6 +151,8 @@ PYBIND11_MODULE(_baton, m) {
   m.attr("INT8") = static_cast<int>(v1::DATA_TYPE_INT8);
   m.attr("PUSH_PULL") = static_cast<int>(v1::COLLECTIVE_OP_PUSH_PULL);
   m.attr("BROADCAST") = static_cast<int>(v1::COLLECTIVE_OP_BROADCAST);
+  m.attr("MEMORY_HOST") = static_cast<int>(v1::MEMORY_KIND_HOST);
+  m.attr("MEMORY_CUDA") = static_cast<int>(v1::MEMORY_KIND_CUDA);
 
   py::class_<baton::PyOperation>(m, "Operation",
                                  "A started push-pull or broadcast (opaque).");
@@ -133,22 +169,35 @@ PYBIND11_MODULE(_baton, m) {
       .def("local_size", &Session::local_size)
       .def(
           "declare",
-          [](Session& s,
-             const std::vector<std::tuple<
-                 std::string, int, std::vector<int64_t>, int>>& tensors) {
+          [](Session& s, const std::vector<py::tuple>& tensors,
+             const std::vector<std::tuple<int32_t, py::bytes, int64_t,
+                                          py::bytes, std::string>>&
+                 cuda_buffers) {
             std::vector<v1::TensorSpec> specs;
-            for (const auto& [name, dtype, shape, op] : tensors) {
-              v1::TensorSpec& spec = specs.emplace_back();
-              spec.set_name(name);
-              spec.set_dtype(static_cast<v1::DataType>(dtype));
-              spec.set_op(static_cast<v1::CollectiveOp>(op));
-              for (int64_t d : shape) spec.add_shape(d);
+            for (const py::tuple& tensor : tensors) {
+              specs.push_back(baton::SpecFromTuple(tensor));
+            }
+            std::vector<v1::CudaBuffer> buffers;
+            for (const auto& [index, memory_handle, offset, event_handle,
+                              pci_bus_id] : cuda_buffers) {
+              v1::CudaBuffer& buffer = buffers.emplace_back();
+              buffer.set_index(index);
+              buffer.set_memory_handle(memory_handle.cast<std::string>());
+              buffer.set_offset(offset);
+              buffer.set_event_handle(event_handle.cast<std::string>());
+              buffer.set_pci_bus_id(pci_bus_id);
             }
             py::gil_scoped_release release;
-            Check(s.DeclareTensors(specs));
+            Check(s.DeclareTensors(specs, buffers));
           },
           py::arg("tensors"),
-          "Declares [(name, dtype, shape, op)] in order, in one round trip.")
+          py::arg("cuda_buffers") =
+              std::vector<std::tuple<int32_t, py::bytes, int64_t, py::bytes,
+                                     std::string>>(),
+          "Declares [(name, dtype, shape, op[, memory])] in order, in one "
+          "round trip. Each tensor of memory MEMORY_CUDA takes one of "
+          "cuda_buffers: (index in tensors, memory_handle (64 bytes), "
+          "offset, event_handle (64 bytes), pci_bus_id).")
       .def(
           "push_pull_async",
           [](Session& s, const std::string& name, uintptr_t data, int dtype,
@@ -173,6 +222,42 @@ PYBIND11_MODULE(_baton, m) {
           },
           py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
           py::arg("root_rank"))
+      .def(
+          "push_pull_device_async",
+          [](Session& s, const std::string& name, int dtype,
+             std::vector<int64_t> shape, bool average,
+             const py::bytes& memory_handle, int64_t offset,
+             const py::bytes& event_handle, std::string pci_bus_id) {
+            baton::DeviceBuffer buffer = baton::MakeDeviceBuffer(
+                dtype, std::move(shape), memory_handle, offset, event_handle,
+                std::move(pci_bus_id));
+            py::gil_scoped_release release;
+            return baton::PyOperation{
+                Check(s.PushPullAsync(name, buffer, average))};
+          },
+          py::arg("name"), py::arg("dtype"), py::arg("shape"),
+          py::arg("average"), py::arg("memory_handle"), py::arg("offset"),
+          py::arg("event_handle"), py::arg("pci_bus_id") = "",
+          "Starts the push-pull of a CUDA tensor in place in its buffer "
+          "(CUDA IPC handles as bytes): write the input and record the "
+          "event first; once synchronize() returns, the result is there.")
+      .def(
+          "broadcast_device_async",
+          [](Session& s, const std::string& name, int dtype,
+             std::vector<int64_t> shape, int32_t root_rank,
+             const py::bytes& memory_handle, int64_t offset,
+             const py::bytes& event_handle, std::string pci_bus_id) {
+            baton::DeviceBuffer buffer = baton::MakeDeviceBuffer(
+                dtype, std::move(shape), memory_handle, offset, event_handle,
+                std::move(pci_bus_id));
+            py::gil_scoped_release release;
+            return baton::PyOperation{
+                Check(s.BroadcastAsync(name, buffer, root_rank))};
+          },
+          py::arg("name"), py::arg("dtype"), py::arg("shape"),
+          py::arg("root_rank"), py::arg("memory_handle"), py::arg("offset"),
+          py::arg("event_handle"), py::arg("pci_bus_id") = "",
+          "Starts the broadcast of a CUDA tensor in place in its buffer.")
       .def(
           "poll",
           [](const Session& s, const baton::PyOperation& op) {

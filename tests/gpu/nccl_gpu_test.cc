@@ -24,6 +24,7 @@
 #include "agent/transport/nccl/nccl_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_main.h"
 #include "tests/unit/agent/transport/memory_store.h"
 #include "tests/unit/agent/transport/node_threads.h"
 #include "tests/unit/agent/transport/typed_values.h"
@@ -380,31 +381,10 @@ TEST(CrossNodeTest, AbortEndsAnOperationAPeerNeverJoins) {
 }  // namespace baton::agent
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  const absl::StatusOr<baton::agent::gpu::GpuApi*> api =
-      baton::agent::gpu::LoadCudaNcclApi();
-  if (!api.ok()) {
-    if (api.status().code() == absl::StatusCode::kUnavailable) {
-      std::printf("skipped: %s\n", std::string(api.status().message()).c_str());
-      return 77;
-    }
-    std::fprintf(stderr, "nccl_gpu_test: %s\n",
-                 std::string(api.status().message()).c_str());
-    return 1;
-  }
-  const absl::StatusOr<int> devices = baton::agent::CountCudaDevices(**api);
-  if (!devices.ok()) {
-    std::printf("skipped: %s\n",
-                std::string(devices.status().message()).c_str());
-    return 77;
-  }
-  const absl::StatusOr<std::string> description =
-      baton::agent::DescribeLocalGpus(**api);
-  std::printf("%s\n",
-              description.ok()
-                  ? description->c_str()
-                  : std::string(description.status().message()).c_str());
-  baton::agent::g_api = *api;
-  baton::agent::g_devices = *devices;
-  return RUN_ALL_TESTS();
+  return baton::agent::GpuTestMain(
+      "nccl_gpu_test", argc, argv,
+      [](baton::agent::gpu::GpuApi* api, int devices) {
+        baton::agent::g_api = api;
+        baton::agent::g_devices = devices;
+      });
 }

@@ -7,7 +7,11 @@
 #      buffers, exact on integer-valued data, every float type, odd sizes;
 #      an NCCL initialization and an allreduce aborted while a peer is
 #      missing.
-#   2. baton-gpu-bench: the transport's allreduce against a direct
+#   2. data_plane_gpu_ipc_test: the agent's data plane on CUDA tensors of
+#      trainers in other processes (CUDA IPC handles and ready events):
+#      push-pull and broadcast with --gpu_cross_node=nccl (one agent) and
+#      gloo (two agents sharing GPU 0), results checked by the trainers.
+#   3. baton-gpu-bench: the transport's allreduce against a direct
 #      ncclAllReduce of the same buffers, 1 MiB to 1 GiB, and their ratio.
 #
 # Usage: check.sh [PACK_DIR]   (default: the folder this script is in)
@@ -17,11 +21,12 @@
 #   BATON_NCCL_LIBRARY_DIR   where libnccl.so.2 is, when not found by itself
 #   BATON_GPU_BENCH_ARGS     extra flags for baton-gpu-bench
 # Exit: 0 when the tests passed (or skipped: no CUDA device) and the
-# benchmark ran; 1 otherwise. Bounded to under 5 minutes.
+# benchmark ran; 1 otherwise. Bounded to under 5 minutes: at most 30 s to
+# find NCCL, then 110 + 70 + 80 s for the three steps.
 set -uo pipefail
 
 pack=$(cd "${1:-$(dirname "$0")}" && pwd)
-if [ ! -x "$pack/bin/nccl_gpu_test" ]; then
+if [ ! -x "$pack/bin/nccl_gpu_test" ] || [ ! -x "$pack/bin/data_plane_gpu_ipc_test" ]; then
   echo "check.sh: no pack in $pack: run tools/gpu/pack.sh first and give its folder" >&2
   exit 1
 fi
@@ -72,7 +77,30 @@ say() { echo "$*" | tee -a "$summary"; }
 say "baton GPU check: $(head -1 "$pack/MANIFEST" 2>/dev/null)"
 say "NCCL library: ${nccl_dir:-not found (set BATON_NCCL_LIBRARY_DIR)}"
 
-run 170 nccl_gpu_test --gtest_output="xml:$results/nccl_gpu_test.xml" \
+# Says how a gtest binary of the pack did (exit code `rc`), from its log:
+# counts, the failures with the lines that explain them, and what skipped.
+summarize_tests() {
+  local name=$1 rc=$2 log="$results/$1.log" passed skipped failed why=""
+  passed=$(grep -cE '^\[       OK \]' "$log")
+  skipped=$(grep -cE '^\[  SKIPPED \] [A-Za-z]' "$log")
+  failed=$(grep -cE '^\[  FAILED  \] [A-Za-z].*\(' "$log")
+  if [ "$rc" -eq 0 ]; then
+    say "$name: passed ($passed ok, $skipped skipped)"
+  elif [ "$rc" -eq 77 ]; then
+    say "$name: $(grep -m1 '^skipped:' "$log")"
+  else
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && why=", timed out"
+    say "$name: FAILED (exit $rc$why; $passed ok, $skipped skipped, $failed failed)"
+    grep -A6 -E '^\[  FAILED  \] [A-Za-z].*\(|Failure$' "$log" |
+      grep -vE '^(--|\[ RUN|\[       OK|\[--|\[==|\[  PASSED|Value of:|  Actual:|Expected:|$)' |
+      head -60 | tee -a "$summary"
+    [ -n "$why" ] && tail -5 "$log" | sed 's/^/  last: /' | tee -a "$summary"
+  fi
+  grep -A1 -E '^\[  SKIPPED \] [A-Za-z]|Skipped$' "$log" |
+    grep -v '^--' | sed 's/^/  /' | tee -a "$summary"
+}
+
+run 110 nccl_gpu_test --gtest_output="xml:$results/nccl_gpu_test.xml" \
   > "$results/nccl_gpu_test.log" 2>&1
 tests_rc=$?
 if [ $tests_rc -eq 77 ]; then
@@ -81,20 +109,18 @@ if [ $tests_rc -eq 77 ]; then
   exit 0
 fi
 say "devices: $(head -1 "$results/nccl_gpu_test.log")"
-passed=$(grep -cE '^\[       OK \]' "$results/nccl_gpu_test.log")
-skipped=$(grep -cE '^\[  SKIPPED \] [A-Za-z]' "$results/nccl_gpu_test.log")
-failed=$(grep -cE '^\[  FAILED  \] [A-Za-z].*\(' "$results/nccl_gpu_test.log")
-if [ $tests_rc -eq 0 ]; then
-  say "nccl_gpu_test: passed ($passed ok, $skipped skipped)"
-else
-  say "nccl_gpu_test: FAILED (exit $tests_rc; $passed ok, $skipped skipped, $failed failed)"
-  grep -E '^\[  FAILED  \] [A-Za-z].*\(|Failure$' "$results/nccl_gpu_test.log" | head -20 | tee -a "$summary"
-fi
-grep -A1 -E '^\[  SKIPPED \] [A-Za-z]|Skipped$' "$results/nccl_gpu_test.log" |
-  grep -v '^--' | sed 's/^/  /' | tee -a "$summary"
+summarize_tests nccl_gpu_test $tests_rc
+
+# The trainers are this binary started again (through the same loader);
+# NCCL_DEBUG=WARN puts NCCL's own account of an error in the log.
+NCCL_DEBUG=${NCCL_DEBUG:-WARN} run 70 data_plane_gpu_ipc_test \
+  --gtest_output="xml:$results/data_plane_gpu_ipc_test.xml" \
+  > "$results/data_plane_gpu_ipc_test.log" 2>&1
+ipc_rc=$?
+summarize_tests data_plane_gpu_ipc_test $ipc_rc
 
 # shellcheck disable=SC2086
-run 110 baton-gpu-bench ${BATON_GPU_BENCH_ARGS:-} > "$results/gpu_bench.txt" 2>&1
+run 80 baton-gpu-bench ${BATON_GPU_BENCH_ARGS:-} > "$results/gpu_bench.txt" 2>&1
 bench_rc=$?
 grep '^{' "$results/gpu_bench.txt" > "$results/gpu_bench.jsonl"
 if [ $bench_rc -eq 0 ]; then
@@ -106,7 +132,8 @@ else
 fi
 
 say "took $(( $(date +%s) - started )) s; results: $results"
-if [ $tests_rc -eq 0 ] && [ $bench_rc -eq 0 ]; then
+if [ $tests_rc -eq 0 ] && { [ $ipc_rc -eq 0 ] || [ $ipc_rc -eq 77 ]; } &&
+  [ $bench_rc -eq 0 ]; then
   say "all GPU checks passed"
   exit 0
 fi

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Packs what tools/gpu/check.sh needs on a GPU machine that has the NVIDIA
-# driver, CUDA 13 and NCCL but none of our Debian packages: the GPU test and
+# driver, CUDA 13 and NCCL but none of our Debian packages: the GPU tests and
 # benchmark binaries (stripped), every shared library they load from this
 # machine (glibc and its loader included, so the target's glibc does not
 # matter), the CUDA runtime they dlopen, and check.sh. NCCL is not packed
 # (libnccl.so.2 is ~210 MB): check.sh uses the target's.
 #
 # Usage: tools/gpu/pack.sh [BUILD_DIR [DEST]]
-#   BUILD_DIR  the build with nccl_gpu_test and baton-gpu-bench (default build)
+#   BUILD_DIR  the build with the binaries below (default build)
 #   DEST       the folder to fill, emptied first (default BUILD_DIR/gpu-pack)
-# Build first: cmake --build build --target nccl_gpu_test baton-gpu-bench
+# Build first:
+#   cmake --build build --target nccl_gpu_test data_plane_gpu_ipc_test \
+#     baton-gpu-bench
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,11 +20,12 @@ dest=${2:-$build/gpu-pack}
 # What one call to the GPU machine may carry.
 limit_mib=60
 
-binaries=("$build/tests/nccl_gpu_test" "$build/bin/baton-gpu-bench")
+binaries=("$build/tests/nccl_gpu_test" "$build/tests/data_plane_gpu_ipc_test"
+  "$build/bin/baton-gpu-bench")
 for binary in "${binaries[@]}"; do
   if [ ! -x "$binary" ]; then
     echo "pack.sh: $binary is missing; build it first:" >&2
-    echo "  cmake --build $build --target nccl_gpu_test baton-gpu-bench" >&2
+    echo "  cmake --build $build --target nccl_gpu_test data_plane_gpu_ipc_test baton-gpu-bench" >&2
     exit 1
   fi
 done

@@ -63,6 +63,9 @@ static_assert(sizeof(cudaIpcEventHandle_t) == kCudaIpcHandleBytes);
   X(cudaIpcOpenMemHandle)       \
   X(cudaIpcCloseMemHandle)      \
   X(cudaIpcOpenEventHandle)     \
+  X(cudaIpcGetMemHandle)        \
+  X(cudaIpcGetEventHandle)      \
+  X(cudaPointerGetAttributes)   \
   X(cudaFree)                   \
   X(cudaMemcpy)                 \
   X(cudaMemset)                 \
@@ -225,6 +228,13 @@ class CudaNcclApi : public GpuApi {
     *event = reinterpret_cast<Event>(created);
     return error;
   }
+  CudaError EventCreateInterprocess(Event* event) override {
+    cudaEvent_t created = nullptr;
+    const cudaError_t error = cuda_.cudaEventCreateWithFlags(
+        &created, cudaEventInterprocess | cudaEventDisableTiming);
+    *event = reinterpret_cast<Event>(created);
+    return error;
+  }
   CudaError EventDestroy(Event event) override {
     return cuda_.cudaEventDestroy(ToCuda(event));
   }
@@ -257,13 +267,48 @@ class CudaNcclApi : public GpuApi {
     *event = reinterpret_cast<Event>(opened);
     return error;
   }
+  CudaError IpcGetMemHandle(IpcMemHandle* handle, void* pointer) override {
+    cudaIpcMemHandle_t exported;
+    const cudaError_t error = cuda_.cudaIpcGetMemHandle(&exported, pointer);
+    if (error == cudaSuccess) {
+      std::memcpy(handle->bytes.data(), &exported, sizeof exported);
+    }
+    return error;
+  }
+  CudaError IpcGetEventHandle(IpcEventHandle* handle, Event event) override {
+    cudaIpcEventHandle_t exported;
+    const cudaError_t error =
+        cuda_.cudaIpcGetEventHandle(&exported, ToCuda(event));
+    if (error == cudaSuccess) {
+      std::memcpy(handle->bytes.data(), &exported, sizeof exported);
+    }
+    return error;
+  }
+  CudaError PointerGetDevice(const void* pointer, int* device) override {
+    cudaPointerAttributes attributes;
+    const cudaError_t error =
+        cuda_.cudaPointerGetAttributes(&attributes, pointer);
+    if (error != cudaSuccess) return error;
+    if (attributes.type == cudaMemoryTypeUnregistered) {
+      return cudaErrorInvalidValue;
+    }
+    *device = attributes.device;
+    return cudaSuccess;
+  }
   CudaError Malloc(void** pointer, size_t bytes) override {
     return cuda_.cudaMalloc(pointer, bytes);
   }
   CudaError Free(void* pointer) override { return cuda_.cudaFree(pointer); }
   CudaError Memcpy(void* destination, const void* source,
                    size_t bytes) override {
-    return cuda_.cudaMemcpy(destination, source, bytes, cudaMemcpyDefault);
+    const cudaError_t error =
+        cuda_.cudaMemcpy(destination, source, bytes, cudaMemcpyDefault);
+    if (error != cudaSuccess) return error;
+    // From pageable host memory cudaMemcpy returns once the bytes are
+    // staged, before the DMA reaches the device; the legacy stream it runs
+    // on is done only when they are there (and the transport's streams,
+    // being non-blocking, would not wait for it).
+    return cuda_.cudaStreamSynchronize(nullptr);
   }
   CudaError Memset(void* pointer, int value, size_t bytes) override {
     return cuda_.cudaMemset(pointer, value, bytes);

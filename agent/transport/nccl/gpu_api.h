@@ -108,6 +108,10 @@ class GpuApi {
   virtual CudaError StreamSynchronize(Stream stream) = 0;
   // cudaEventCreateWithFlags(cudaEventDisableTiming) on the current device.
   virtual CudaError EventCreate(Event* event) = 0;
+  // cudaEventCreateWithFlags(cudaEventInterprocess | cudaEventDisableTiming)
+  // on the current device: an event IpcGetEventHandle can export (a
+  // trainer's ready event).
+  virtual CudaError EventCreateInterprocess(Event* event) = 0;
   virtual CudaError EventDestroy(Event event) = 0;
   virtual CudaError EventRecord(Event event, Stream stream) = 0;
   // kCudaSuccess when the work the event captured is done,
@@ -122,10 +126,22 @@ class GpuApi {
   virtual CudaError IpcCloseMemHandle(void* pointer) = 0;
   virtual CudaError IpcOpenEventHandle(Event* event,
                                        const IpcEventHandle& handle) = 0;
+  // The trainer's side (the agent only opens; tests play trainers):
+  // cudaIpcGetMemHandle of the base of an allocation Malloc returned, and
+  // cudaIpcGetEventHandle of an event made by EventCreateInterprocess.
+  virtual CudaError IpcGetMemHandle(IpcMemHandle* handle, void* pointer) = 0;
+  virtual CudaError IpcGetEventHandle(IpcEventHandle* handle, Event event) = 0;
+  // cudaPointerGetAttributes(...).device: the device the memory at `pointer`
+  // physically resides on (for memory opened with IpcOpenMemHandle, whichever
+  // device was current when it was opened). kCudaErrorInvalidValue for host
+  // memory CUDA does not know (cudaMemoryTypeUnregistered).
+  virtual CudaError PointerGetDevice(const void* pointer, int* device) = 0;
   // On the current device.
   virtual CudaError Malloc(void** pointer, size_t bytes) = 0;
   virtual CudaError Free(void* pointer) = 0;
   // cudaMemcpy(cudaMemcpyDefault): either side may be host or device.
+  // Complete when it returns, also from pageable host memory to a device
+  // (the real one then synchronizes the legacy default stream).
   virtual CudaError Memcpy(void* destination, const void* source,
                            size_t bytes) = 0;
   virtual CudaError Memset(void* pointer, int value, size_t bytes) = 0;

@@ -28,7 +28,7 @@ namespace baton::agent {
 //   nccl/c<i>/started/<node rank>   set just before initializing
 //
 // Thread-safe.
-class NcclTransport : public Transport {
+class NcclTransport : public Transport, public DeviceTransport {
  public:
   struct Options {
     // CUDA ordinals this node drives, one NCCL rank each, in local order.
@@ -59,12 +59,12 @@ class NcclTransport : public Transport {
       const ConnectRequest& request) override;
   // The same, typed.
   absl::StatusOr<std::vector<std::unique_ptr<DeviceCommunicator>>>
-  ConnectDevices(const ConnectRequest& request);
+  ConnectDevices(const ConnectRequest& request) override;
 
   // A group of this node's devices only (one node, no store): the local
   // reduce and broadcast of the hierarchical path, and benchmarks.
   absl::StatusOr<std::unique_ptr<DeviceCommunicator>> ConnectLocal(
-      std::chrono::milliseconds timeout);
+      std::chrono::milliseconds timeout) override;
 
   const std::vector<int>& devices() const { return devices_; }
 

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "baton/v1/common.pb.h"
+#include "baton/v1/trainer.pb.h"
 
 namespace baton {
 
@@ -71,17 +72,24 @@ class Handle {
   int64_t generation_ = 0;
 };
 
-// A declared tensor: its shared memory on this node. Write the input, enqueue,
-// wait, read the output.
+// A declared tensor. In host memory (spec().memory() MEMORY_KIND_HOST): its
+// shared memory on this node; write the input, enqueue, wait, read the
+// output. In CUDA memory: the caller's CudaBuffer; the caller writes the
+// input there and records the ready event before each enqueue, and the
+// result is there once the operation completed.
 class Tensor {
  public:
   int32_t index() const { return index_; }
   const v1::TensorSpec& spec() const { return spec_; }
   int64_t size_bytes() const { return size_bytes_; }
   // This trainer's input region and the result region. Valid while the
-  // client lives.
-  uint8_t* input() const { return base_ + input_offset_; }
-  const uint8_t* output() const { return base_ + output_offset_; }
+  // client lives; nullptr for a CUDA tensor.
+  uint8_t* input() const {
+    return base_ == nullptr ? nullptr : base_ + input_offset_;
+  }
+  const uint8_t* output() const {
+    return base_ == nullptr ? nullptr : base_ + output_offset_;
+  }
 
   Tensor(int32_t index, v1::TensorSpec spec, int64_t size_bytes, uint8_t* base,
          int64_t input_offset, int64_t output_offset)
@@ -121,11 +129,20 @@ class Client {
   int64_t generation() const;
 
   // Declares tensors in order (every rank declares the same ones) and maps
-  // their shared memory.
+  // the shared memory of those in host memory. `cuda_buffers` gives exactly
+  // one buffer per spec whose memory is MEMORY_KIND_CUDA (CudaBuffer.index =
+  // its position in `specs`) and none for the others; its allocation must
+  // stay alive until the client detaches. INVALID_ARGUMENT naming the field
+  // when they do not fit (checked before anything is sent); the agent's
+  // error when it refuses (FAILED_PRECONDITION for CUDA tensors on an agent
+  // without a GPU transport).
   absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Declare(
-      const std::vector<v1::TensorSpec>& specs);
+      const std::vector<v1::TensorSpec>& specs,
+      const std::vector<v1::CudaBuffer>& cuda_buffers = {});
 
   // Sum (average) over every rank of the tensor's input, into its output.
+  // A CUDA tensor's input is read once its ready event (recorded before this
+  // call) has passed, and its result replaces it in place.
   absl::StatusOr<std::shared_ptr<Handle>> PushPullAsync(const Tensor& tensor,
                                                         int64_t step,
                                                         bool average);

@@ -4,7 +4,9 @@
 // BytePS style. A Session sits on a Client (client.h): it declares a tensor
 // the first time its name is used, copies the user's bytes into the tensor's
 // shared-memory input, counts steps per tensor, and copies the result back
-// into the user's buffer when the operation is synchronized.
+// into the user's buffer when the operation is synchronized. A CUDA tensor
+// (DeviceBuffer) stays in the caller's device memory instead: the agent
+// reads and writes it in place through CUDA IPC.
 //
 //   auto session = baton::Session::Init();          // from the environment
 //   baton::Buffer grad{data, baton::v1::DATA_TYPE_FLOAT32, {1024}};
@@ -24,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "baton/client.h"
 #include "baton/v1/common.pb.h"
+#include "baton/v1/trainer.pb.h"
 
 namespace baton {
 
@@ -34,6 +37,31 @@ struct Buffer {
   void* data = nullptr;
   v1::DataType dtype = v1::DATA_TYPE_UNSPECIFIED;
   std::vector<int64_t> shape;
+};
+
+// A tensor in CUDA device memory owned by the caller, shared with the agent
+// through CUDA IPC (the agent must run on the same host, in the same IPC
+// namespace, and see the device). The client library links no CUDA: the
+// caller takes the handles from its CUDA runtime, and keeps the allocation
+// and the event alive until the session is shut down.
+//
+// Before each operation on it the caller writes the input into the buffer
+// and records the event on the stream that wrote it; the agent reads the
+// input once the event has passed and writes the result over it, in place,
+// before the operation completes. Nothing is copied through host memory.
+struct DeviceBuffer {
+  v1::DataType dtype = v1::DATA_TYPE_UNSPECIFIED;
+  std::vector<int64_t> shape;
+  // cudaIpcMemHandle_t (64 bytes) of the allocation holding the tensor, and
+  // the tensor's first byte within that allocation.
+  std::string memory_handle;
+  int64_t offset = 0;
+  // cudaIpcEventHandle_t (64 bytes) of an event created with
+  // cudaEventInterprocess | cudaEventDisableTiming on the tensor's device.
+  std::string event_handle;
+  // The device as cudaDeviceGetPCIBusId names it ("0000:3b:00.0"), or ""
+  // for the agent to find it from the memory.
+  std::string pci_bus_id;
 };
 
 // Bytes of one element of `dtype`; 0 for DATA_TYPE_UNSPECIFIED or unknown.
@@ -47,11 +75,12 @@ using OperationHandle = std::shared_ptr<Operation>;
 // One trainer's session with baton. Thread-safe: the training thread may
 // enqueue while another thread synchronizes.
 //
-// Tensor names are unique within a job and bind a name to one dtype, shape
-// and collective (push-pull or broadcast) for the job's lifetime. Every rank
-// must start the operations on a name in the same order; a name has at most
-// one operation in flight per trainer (synchronize it before starting the
-// next).
+// Tensor names are unique within a job and bind a name to one dtype, shape,
+// collective (push-pull or broadcast) and kind of memory (host or CUDA, the
+// same on every rank) for the job's lifetime; a CUDA tensor also keeps its
+// buffer. Every rank must start the operations on a name in the same order;
+// a name has at most one operation in flight per trainer (synchronize it
+// before starting the next).
 class Session {
  public:
   // Attaches to this node's agent and waits until the job is formed.
@@ -76,12 +105,24 @@ class Session {
 
   // Declares tensors ahead of use (one round trip for all of them; the
   // declaration order is the default priority: first declared = most
-  // urgent). Declaring a name again with the same spec is a no-op; with a
-  // different one, INVALID_ARGUMENT.
-  absl::Status DeclareTensors(const std::vector<v1::TensorSpec>& specs);
+  // urgent). Declaring a name again with the same spec (and CUDA buffer) is
+  // a no-op; with a different one, INVALID_ARGUMENT.
+  //
+  // Specs whose memory is MEMORY_KIND_CUDA take exactly one of
+  // `cuda_buffers` each (CudaBuffer.index = the spec's position in `specs`);
+  // host specs take none. INVALID_ARGUMENT names the tensor and the field
+  // when they do not fit (a handle that is not 64 bytes, a negative offset,
+  // a missing or extra buffer); an agent without a GPU transport refuses
+  // CUDA tensors with FAILED_PRECONDITION.
+  absl::Status DeclareTensors(
+      const std::vector<v1::TensorSpec>& specs,
+      const std::vector<v1::CudaBuffer>& cuda_buffers = {});
   absl::Status DeclareTensor(const std::string& name, v1::DataType dtype,
                              const std::vector<int64_t>& shape,
                              v1::CollectiveOp op);
+  // A CUDA tensor.
+  absl::Status DeclareTensor(const std::string& name,
+                             const DeviceBuffer& buffer, v1::CollectiveOp op);
 
   // Sum (average = false) or mean of `buffer` over every rank, written back
   // into `buffer` by Synchronize. Declares `name` as a push-pull tensor on
@@ -101,6 +142,17 @@ class Session {
                                                  const Buffer& buffer,
                                                  int32_t root_rank);
 
+  // The same on a CUDA tensor, in place: record the buffer's event after
+  // writing the input, then call these. Completion (Poll, Synchronize)
+  // means the result is in the buffer; Synchronize copies nothing.
+  // Declares `name` with this buffer on first use.
+  absl::StatusOr<OperationHandle> PushPullAsync(const std::string& name,
+                                                const DeviceBuffer& buffer,
+                                                bool average);
+  absl::StatusOr<OperationHandle> BroadcastAsync(const std::string& name,
+                                                 const DeviceBuffer& buffer,
+                                                 int32_t root_rank);
+
   // True once the operation finished, either way.
   bool Poll(const OperationHandle& handle) const;
   // Waits for the operation and, when it succeeded, copies the result into
@@ -118,6 +170,11 @@ class Session {
                         bool average);
   // BroadcastAsync + Synchronize.
   absl::Status Broadcast(const std::string& name, const Buffer& buffer,
+                         int32_t root_rank);
+  // The same on CUDA tensors.
+  absl::Status PushPull(const std::string& name, const DeviceBuffer& buffer,
+                        bool average);
+  absl::Status Broadcast(const std::string& name, const DeviceBuffer& buffer,
                          int32_t root_rank);
   // Broadcasts each buffer from `root_rank`, all in flight together, in the
   // given order, as tensors named "Parameter.<name>". Afterwards every rank

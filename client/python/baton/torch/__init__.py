@@ -5,8 +5,11 @@
     bt.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = bt.ScheduledOptimizer(model, torch.optim.SGD(...), num_steps)
 
-Tensors are CPU tensors; their bytes travel through shared memory to this
-node's baton-agent and between nodes over the agents' data plane.
+CPU tensors travel through shared memory to this node's baton-agent. A CUDA
+tensor goes through a staging tensor that baton keeps on its device (one per
+tensor name, until shutdown), shared with the agent through CUDA IPC: its
+bytes never leave the device here, and the agent writes the result there in
+place. Between nodes they travel over the agents' data plane.
 """
 
 import atexit
@@ -19,6 +22,7 @@ import torch
 
 from baton import _baton
 from baton._baton import BatonError
+from baton.torch import _cuda
 
 __all__ = [
     "BatonError",
@@ -60,20 +64,59 @@ _drainers = weakref.WeakSet()
 # handle id -> _Pending; ids are never reused.
 _pending = {}
 _next_handle = 0
-# Unnamed push-pulls: (dtype, shape) -> slots in use, so that each call in
-# flight gets its own tensor name and names repeat from step to step.
+# Unnamed push-pulls: (memory, dtype, shape) -> slots in use, so that each
+# call in flight gets its own tensor name and names repeat from step to step.
 _unnamed_busy = {}
+# CUDA tensor name -> _DeviceSlot, kept until shutdown (the agent holds their
+# memory open until this process detaches).
+_device_slots = {}
 
 
 class _Pending:
-    __slots__ = ("operation", "tensor", "target", "unnamed_key", "done")
+    __slots__ = ("operation", "tensor", "target", "unnamed_key", "slot")
 
-    def __init__(self, operation, tensor, target, unnamed_key):
+    def __init__(self, operation, tensor, target, unnamed_key, slot=None):
         self.operation = operation
-        self.tensor = tensor  # what the bytes are written into
-        self.target = target  # the caller's tensor, when not `tensor`
+        # Host: what the agent's bytes are written into. CUDA: where the
+        # staging tensor is copied after completion (None: nowhere).
+        self.tensor = tensor
+        # Host: the caller's tensor when it is not `tensor` (written from
+        # it), else None. CUDA: what synchronize() returns.
+        self.target = target
         self.unnamed_key = unnamed_key
-        self.done = False
+        self.slot = slot  # the _DeviceSlot of a CUDA tensor
+
+
+class _DeviceSlot:
+    """One CUDA tensor name: baton's staging tensor on the tensor's device,
+    shared with the agent (CUDA IPC memory handle and interprocess ready
+    event), and what is in flight on it.
+
+    An operation copies the caller's tensor into `staging` on the current
+    stream and records `event` there before it is enqueued; the agent waits
+    for the event, runs the collective on `staging` and writes the result
+    there, in place, before the completion arrives; synchronize() then
+    copies `staging` into the caller's tensor on the current stream.
+    """
+
+    __slots__ = ("device", "dtype", "shape", "staging", "event", "location", "declared", "busy", "stream")
+
+    def __init__(self, tensor):
+        self.device = tensor.device
+        self.dtype = tensor.dtype
+        self.shape = tuple(tensor.shape)
+        self.staging = _cuda.allocate_staging(tensor)
+        memory_handle, offset = _cuda.share_memory(self.staging)
+        self.event, event_handle = _cuda.create_event(self.device)
+        # CudaBuffer: memory_handle, offset, event_handle, pci_bus_id.
+        self.location = (memory_handle, offset, event_handle, _cuda.pci_bus_id(self.device))
+        self.declared = False  # the agent accepted it
+        self.busy = False  # an operation on it is in flight (guarded by _lock)
+        # The stream of this process's last copy into or out of `staging`.
+        self.stream = None
+
+    def fits(self, tensor):
+        return tensor.dtype == self.dtype and tuple(tensor.shape) == self.shape
 
 
 def init(attach_timeout=None):
@@ -106,8 +149,13 @@ def shutdown(drain_timeout=60.0):
         session, _session = _session, None
         _pending.clear()
         _unnamed_busy.clear()
-    if session is not None:
-        session.shutdown(drain_timeout)
+    try:
+        if session is not None:
+            session.shutdown(drain_timeout)
+    finally:
+        # Only now: the agent has closed its handles to the staging tensors.
+        with _lock:
+            _device_slots.clear()
 
 
 def _shutdown_at_exit():
@@ -152,10 +200,10 @@ def local_size():
 def _dtype_of(tensor, what):
     if not isinstance(tensor, torch.Tensor):
         raise ValueError("%s must be a torch.Tensor, not %s" % (what, type(tensor).__name__))
-    if tensor.device.type != "cpu":
+    if tensor.device.type != "cpu" and not _cuda.is_cuda(tensor):
         raise ValueError(
-            "%s is on %s: baton's data plane takes CPU tensors (GPU tensors come "
-            "with the NCCL data plane); move it with .cpu()" % (what, tensor.device)
+            "%s is on %s: baton takes CPU and CUDA tensors; move it with .cpu()"
+            % (what, tensor.device)
         )
     dtype = _DTYPES.get(tensor.dtype)
     if dtype is None:
@@ -171,16 +219,17 @@ def _contiguous(tensor):
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
-def _register(operation, tensor, target, unnamed_key):
+def _register(operation, tensor, target, unnamed_key, slot=None):
     global _next_handle
     with _lock:
         _next_handle += 1
-        _pending[_next_handle] = _Pending(operation, tensor, target, unnamed_key)
+        _pending[_next_handle] = _Pending(operation, tensor, target, unnamed_key, slot)
         return _next_handle
 
 
 def _unnamed_name(tensor):
-    key = (str(tensor.dtype), tuple(tensor.shape))
+    on_device = _cuda.is_cuda(tensor)
+    key = (on_device, str(tensor.dtype), tuple(tensor.shape))
     with _lock:
         busy = _unnamed_busy.setdefault(key, set())
         slot = 0
@@ -188,7 +237,13 @@ def _unnamed_name(tensor):
             slot += 1
         busy.add(slot)
     shape = "x".join(str(d) for d in tensor.shape) or "scalar"
-    return "PushPull.noname.%s.%s.%d" % (key[0].replace("torch.", ""), shape, slot), (key, slot)
+    # Host tensors keep the names they always had; CUDA ones get their own.
+    return "PushPull.noname.%s%s.%s.%d" % (
+        "cuda." if on_device else "",
+        key[1].replace("torch.", ""),
+        shape,
+        slot,
+    ), (key, slot)
 
 
 def _release_unnamed(unnamed_key):
@@ -203,19 +258,24 @@ def push_pull_async(tensor, average=True, name=None):
     """Starts an in-place sum (average=False) or mean of `tensor` over all
     ranks and returns a handle for poll() and synchronize().
 
-    `name` identifies the tensor across ranks (it keeps its dtype and shape
-    for the whole job); every rank must start the same names in the same
-    order. Without a name, calls in flight together are matched by order.
-    The input is copied before this returns; `tensor` receives the result
-    when the handle is synchronized.
+    `name` identifies the tensor across ranks (it keeps its dtype, shape and
+    device kind for the whole job); every rank must start the same names in
+    the same order. Without a name, calls in flight together are matched by
+    order. The input is copied before this returns (a CUDA tensor's on the
+    current stream); `tensor` receives the result when the handle is
+    synchronized.
     """
     session = _require()
     dtype = _dtype_of(tensor, "push_pull tensor %r" % (name,) if name else "push_pull tensor")
-    dense = _contiguous(tensor)
     unnamed_key = None
     if name is None:
         name, unnamed_key = _unnamed_name(tensor)
     try:
+        if _cuda.is_cuda(tensor):
+            return _start_on_device(
+                session, name, tensor, dtype, _baton.PUSH_PULL, tensor, unnamed_key, average=bool(average)
+            )
+        dense = _contiguous(tensor)
         operation = session.push_pull_async(
             name, dense.data_ptr(), dtype, list(dense.shape), bool(average), dense.data_ptr()
         )
@@ -229,9 +289,12 @@ def _push_pull_async_to(tensor, output, name):
     """Averages `tensor` into `output` (dense, same shape and dtype), leaving
     `tensor` alone; for optimizers whose gradients stay the user's."""
     session = _require()
+    dtype = _dtype_of(tensor, name)
+    if _cuda.is_cuda(tensor):
+        return _start_on_device(session, name, tensor, dtype, _baton.PUSH_PULL, output, None, average=True)
     dense = _contiguous(tensor)
     operation = session.push_pull_async(
-        name, dense.data_ptr(), _dtype_of(tensor, name), list(dense.shape), True, output.data_ptr()
+        name, dense.data_ptr(), dtype, list(dense.shape), True, output.data_ptr()
     )
     return _register(operation, output, None, None)
 
@@ -240,11 +303,134 @@ def broadcast_async(tensor, root_rank, name):
     """Starts an in-place broadcast of root_rank's `tensor` to every rank."""
     session = _require()
     dtype = _dtype_of(tensor, "broadcast tensor %r" % (name,))
+    if _cuda.is_cuda(tensor):
+        return _start_on_device(
+            session, name, tensor, dtype, _baton.BROADCAST, tensor, None, root_rank=int(root_rank)
+        )
     dense = _contiguous(tensor)
     operation = session.broadcast_async(
         name, dense.data_ptr(), dtype, list(dense.shape), int(root_rank)
     )
     return _register(operation, dense, tensor if dense is not tensor else None, None)
+
+
+def _device_slot(name, tensor):
+    """The _DeviceSlot of CUDA tensor `name`, made on its first use; the
+    agent has it once _declare succeeded."""
+    with _lock:
+        slot = _device_slots.get(name)
+    if slot is None:
+        made = _DeviceSlot(tensor)
+        with _lock:
+            slot = _device_slots.setdefault(name, made)
+    if slot.device != tensor.device:
+        raise ValueError(
+            "tensor %r is on %s but was declared on %s; a name keeps its device "
+            "for the whole job: use another name" % (name, tensor.device, slot.device)
+        )
+    return slot
+
+
+def _forget_undeclared(names_and_slots):
+    """Drops the slots of names whose declaration failed: nothing refers to
+    them, and their staging memory goes back to torch."""
+    with _lock:
+        for name, slot in names_and_slots:
+            if not slot.declared and _device_slots.get(name) is slot:
+                del _device_slots[name]
+
+
+def _declare(session, named_tensors, code):
+    """Declares [(name, tensor)] with collective `code` in one round trip,
+    CUDA tensors with their slots (made for new names). Names already
+    declared alike cost nothing; differently, ValueError."""
+    specs = []
+    cuda_buffers = []
+    slots = []
+    try:
+        for name, tensor in named_tensors:
+            dtype = _dtype_of(tensor, "tensor %r" % (name,))
+            if _cuda.is_cuda(tensor):
+                slot = _device_slot(name, tensor)
+                slots.append((name, slot))
+                cuda_buffers.append((len(specs),) + slot.location)
+                specs.append((name, dtype, list(tensor.shape), code, _baton.MEMORY_CUDA))
+            else:
+                specs.append((name, dtype, list(tensor.shape), code))
+        session.declare(specs, cuda_buffers)
+    except BaseException:
+        _forget_undeclared(slots)
+        raise
+    for _, slot in slots:
+        slot.declared = True
+
+
+def _in_flight(name):
+    error = BatonError(
+        'tensor "%s" already has an operation in flight: synchronize it before '
+        "starting the next one" % name
+    )
+    error.code = "FAILED_PRECONDITION"
+    return error
+
+
+def _start_on_device(
+    session, name, tensor, dtype, code, destination, unnamed_key, average=False, root_rank=0
+):
+    """Starts a push-pull or broadcast of CUDA `tensor`: copies it into its
+    slot's staging tensor (not on a broadcast's other ranks) and records the
+    ready event on the current stream, then enqueues. synchronize() copies
+    the result into `destination` (`tensor`, or an optimizer's output)."""
+    slot = _device_slot(name, tensor)
+    if not slot.declared or not slot.fits(tensor):
+        # Declares a new name, or fails naming what differs, before anything
+        # is written into a staging tensor of another shape.
+        _declare(session, [(name, tensor)], code)
+    with _lock:
+        if slot.busy:
+            raise _in_flight(name)
+        slot.busy = True
+    try:
+        is_root = code == _baton.BROADCAST and session.rank() == root_rank
+        stream = _cuda.current_stream(slot.device)
+        if slot.stream is not None and slot.stream != stream:
+            # The last copy into or out of the staging tensor ran on another
+            # stream: neither this copy nor the agent may overwrite it first.
+            _cuda.wait_stream(stream, slot.stream)
+        slot.stream = stream
+        if code == _baton.PUSH_PULL or is_root:
+            with torch.no_grad():
+                slot.staging.copy_(tensor)
+        _cuda.record_event(slot.event, stream)
+        memory_handle, offset, event_handle, pci_bus_id = slot.location
+        if code == _baton.PUSH_PULL:
+            operation = session.push_pull_device_async(
+                name, dtype, list(tensor.shape), average, memory_handle, offset, event_handle, pci_bus_id
+            )
+        else:
+            operation = session.broadcast_device_async(
+                name, dtype, list(tensor.shape), root_rank, memory_handle, offset, event_handle, pci_bus_id
+            )
+    except BaseException:
+        with _lock:
+            slot.busy = False
+        raise
+    # The root's tensor already holds the result.
+    if is_root:
+        return _register(operation, None, tensor, unnamed_key, slot)
+    return _register(operation, destination, destination, unnamed_key, slot)
+
+
+def _deliver_on_device(pending):
+    """After a completion: the result is in the staging tensor; copy it out
+    on the current stream."""
+    slot = pending.slot
+    if pending.tensor is not None:
+        stream = _cuda.current_stream(slot.device)
+        with torch.no_grad():
+            pending.tensor.copy_(slot.staging)
+        slot.stream = stream
+    return pending.target
 
 
 def _take(handle):
@@ -278,6 +464,11 @@ def synchronize(handle, timeout=None):
     except BaseException:
         _forget(handle, pending)
         raise
+    if pending.slot is not None:
+        try:
+            return _deliver_on_device(pending)
+        finally:
+            _forget(handle, pending)
     _forget(handle, pending)
     if pending.target is not None:
         with torch.no_grad():
@@ -289,6 +480,8 @@ def synchronize(handle, timeout=None):
 def _forget(handle, pending):
     with _lock:
         _pending.pop(handle, None)
+        if pending.slot is not None:
+            pending.slot.busy = False
     _release_unnamed(pending.unnamed_key)
 
 
@@ -309,16 +502,13 @@ def declare(name, tensor, op="push_pull"):
 
 
 def declare_many(named_tensors, op="push_pull"):
-    """Declares [(name, tensor)] in order, in one round trip."""
+    """Declares [(name, tensor)] in order, in one round trip. CUDA tensors
+    get their staging tensors here (one extra copy of each on its device)."""
     session = _require()
     code = {"push_pull": _baton.PUSH_PULL, "broadcast": _baton.BROADCAST}.get(op)
     if code is None:
         raise ValueError("op must be 'push_pull' or 'broadcast', not %r" % (op,))
-    specs = [
-        (name, _dtype_of(t, "tensor %r" % (name,)), list(t.shape), code)
-        for name, t in named_tensors
-    ]
-    session.declare(specs)
+    _declare(session, list(named_tensors), code)
 
 
 def broadcast_parameters(params, root_rank):

@@ -53,6 +53,65 @@ void FakeGpuApi::AwaitWaitingCollectives(int count) {
   mu_.Await(absl::Condition(&enough));
 }
 
+void FakeGpuApi::HoldStream(gpu::Stream handle) {
+  absl::MutexLock lock(&mu_);
+  Stream* stream = FindStream(handle, "HoldStream");
+  if (stream == nullptr) return;
+  const int64_t hold = ++stream->holds;
+  Push(stream, [this, stream, hold]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const auto released = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stream->releases >= hold || stopping_;
+    };
+    mu_.Await(absl::Condition(&released));
+  });
+}
+
+void FakeGpuApi::ReleaseStream(gpu::Stream handle) {
+  absl::MutexLock lock(&mu_);
+  Stream* stream = FindStream(handle, "ReleaseStream");
+  if (stream != nullptr) stream->releases = stream->holds;
+}
+
+void FakeGpuApi::FailMemcpy(gpu::CudaError error) {
+  absl::MutexLock lock(&mu_);
+  memcpy_error_ = error;
+}
+
+gpu::IpcMemHandle FakeGpuApi::ExportMemory(void* base) {
+  absl::MutexLock lock(&mu_);
+  const char* allocation = static_cast<const char*>(base);
+  gpu::IpcMemHandle handle;
+  if (memory_.find(allocation) == memory_.end()) {
+    Misuse("cudaIpcGetMemHandle of a pointer that is no allocation's base");
+    return handle;
+  }
+  auto [it, added] = memory_exports_.emplace(allocation, next_export_id_);
+  if (added) exported_memory_[next_export_id_++] = allocation;
+  handle.bytes = ExportHandle(it->second, 'm');
+  return handle;
+}
+
+gpu::IpcEventHandle FakeGpuApi::ExportEvent(gpu::Event event_handle) {
+  absl::MutexLock lock(&mu_);
+  gpu::IpcEventHandle handle;
+  Event* event = FindEvent(event_handle, "cudaIpcGetEventHandle");
+  if (event == nullptr) return handle;
+  auto [it, added] = event_exports_.emplace(event, next_export_id_);
+  if (added) exported_events_[next_export_id_++] = event;
+  handle.bytes = ExportHandle(it->second, 'e');
+  return handle;
+}
+
+int FakeGpuApi::live_ipc_mappings() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(ipc_mappings_.size());
+}
+
+int FakeGpuApi::ipc_opens() const {
+  absl::MutexLock lock(&mu_);
+  return ipc_opens_;
+}
+
 int FakeGpuApi::live_comms() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(std::count_if(
@@ -131,6 +190,34 @@ bool FakeGpuApi::IsDeviceMemory(const void* pointer, size_t bytes,
   --it;
   return it->second.device == device && p >= it->first &&
          p + bytes <= it->first + it->second.bytes;
+}
+
+const char* FakeGpuApi::FindAllocation(const void* pointer) const {
+  const char* p = static_cast<const char*>(pointer);
+  auto it = memory_.upper_bound(p);
+  if (it == memory_.begin()) return nullptr;
+  --it;
+  // An allocation of 0 bytes still holds its base.
+  return p < it->first + std::max<size_t>(it->second.bytes, 1) ? it->first
+                                                               : nullptr;
+}
+
+// "fake", the kind, 3 bytes of zeros, the id; zeros after.
+std::array<char, gpu::kCudaIpcHandleBytes> FakeGpuApi::ExportHandle(int64_t id,
+                                                                    char kind) {
+  std::array<char, gpu::kCudaIpcHandleBytes> bytes{};
+  std::memcpy(bytes.data(), "fake", 4);
+  bytes[4] = kind;
+  std::memcpy(bytes.data() + 8, &id, sizeof id);
+  return bytes;
+}
+
+int64_t FakeGpuApi::ExportId(
+    const std::array<char, gpu::kCudaIpcHandleBytes>& bytes, char kind) {
+  if (std::memcmp(bytes.data(), "fake", 4) != 0 || bytes[4] != kind) return 0;
+  int64_t id = 0;
+  std::memcpy(&id, bytes.data() + 8, sizeof id);
+  return id;
 }
 
 void FakeGpuApi::Push(Stream* stream, std::function<void()> task) {
@@ -231,6 +318,10 @@ gpu::CudaError FakeGpuApi::EventCreate(gpu::Event* event) {
   return gpu::kCudaSuccess;
 }
 
+gpu::CudaError FakeGpuApi::EventCreateInterprocess(gpu::Event* event) {
+  return EventCreate(event);
+}
+
 gpu::CudaError FakeGpuApi::EventDestroy(gpu::Event handle) {
   absl::MutexLock lock(&mu_);
   Event* event = FindEvent(handle, "cudaEventDestroy");
@@ -242,13 +333,16 @@ gpu::CudaError FakeGpuApi::EventDestroy(gpu::Event handle) {
 gpu::CudaError FakeGpuApi::EventRecord(gpu::Event event_handle,
                                        gpu::Stream stream_handle) {
   absl::MutexLock lock(&mu_);
-  Event* event = FindEvent(event_handle, "cudaEventRecord");
+  Event* opened = FindEvent(event_handle, "cudaEventRecord");
   Stream* stream = FindStream(stream_handle, "cudaEventRecord");
-  if (event == nullptr || stream == nullptr) return gpu::kCudaErrorInvalidValue;
-  if (event->device != stream->device) {
+  if (opened == nullptr || stream == nullptr) {
+    return gpu::kCudaErrorInvalidValue;
+  }
+  if (opened->device != stream->device) {
     Misuse("cudaEventRecord of an event on another device than the stream");
     return gpu::kCudaErrorInvalidValue;
   }
+  Event* event = Recorded(opened);
   const int64_t generation = ++event->recorded;
   Push(stream, [event, generation] {
     event->completed = std::max(event->completed, generation);
@@ -258,16 +352,18 @@ gpu::CudaError FakeGpuApi::EventRecord(gpu::Event event_handle,
 
 gpu::CudaError FakeGpuApi::EventQuery(gpu::Event handle) {
   absl::MutexLock lock(&mu_);
-  Event* event = FindEvent(handle, "cudaEventQuery");
-  if (event == nullptr) return gpu::kCudaErrorInvalidValue;
+  Event* opened = FindEvent(handle, "cudaEventQuery");
+  if (opened == nullptr) return gpu::kCudaErrorInvalidValue;
+  const Event* event = Recorded(opened);
   return event->completed >= event->recorded ? gpu::kCudaSuccess
                                              : gpu::kCudaErrorNotReady;
 }
 
 gpu::CudaError FakeGpuApi::EventSynchronize(gpu::Event handle) {
   absl::MutexLock lock(&mu_);
-  Event* event = FindEvent(handle, "cudaEventSynchronize");
-  if (event == nullptr) return gpu::kCudaErrorInvalidValue;
+  Event* opened = FindEvent(handle, "cudaEventSynchronize");
+  if (opened == nullptr) return gpu::kCudaErrorInvalidValue;
+  const Event* event = Recorded(opened);
   const auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return event->completed >= event->recorded || stopping_;
   };
@@ -279,8 +375,11 @@ gpu::CudaError FakeGpuApi::StreamWaitEvent(gpu::Stream stream_handle,
                                            gpu::Event event_handle) {
   absl::MutexLock lock(&mu_);
   Stream* stream = FindStream(stream_handle, "cudaStreamWaitEvent");
-  Event* event = FindEvent(event_handle, "cudaStreamWaitEvent");
-  if (event == nullptr || stream == nullptr) return gpu::kCudaErrorInvalidValue;
+  Event* opened = FindEvent(event_handle, "cudaStreamWaitEvent");
+  if (opened == nullptr || stream == nullptr) {
+    return gpu::kCudaErrorInvalidValue;
+  }
+  const Event* event = Recorded(opened);
   const int64_t generation = event->recorded;
   Push(stream, [this, event, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -294,31 +393,72 @@ gpu::CudaError FakeGpuApi::StreamWaitEvent(gpu::Stream stream_handle,
 gpu::CudaError FakeGpuApi::IpcOpenMemHandle(void** pointer,
                                             const gpu::IpcMemHandle& handle) {
   absl::MutexLock lock(&mu_);
-  char* opened = nullptr;
-  std::memcpy(&opened, handle.bytes.data(), sizeof opened);
-  if (memory_.find(opened) == memory_.end()) {
+  const auto exported = exported_memory_.find(ExportId(handle.bytes, 'm'));
+  // Not exported, or freed since: what CUDA says to a stale handle.
+  if (exported == exported_memory_.end()) return gpu::kCudaErrorInvalidValue;
+  const char* allocation = exported->second;
+  if (ipc_mappings_.count(allocation) != 0) {
+    Misuse("cudaIpcOpenMemHandle of a handle this process has open already");
     return gpu::kCudaErrorInvalidValue;
   }
-  *pointer = opened;
+  ipc_mappings_[allocation] = CurrentDevice();
+  ++ipc_opens_;
+  *pointer = const_cast<char*>(allocation);
   return gpu::kCudaSuccess;
 }
 
 gpu::CudaError FakeGpuApi::IpcCloseMemHandle(void* pointer) {
   absl::MutexLock lock(&mu_);
-  return memory_.find(static_cast<char*>(pointer)) == memory_.end()
-             ? gpu::kCudaErrorInvalidValue
-             : gpu::kCudaSuccess;
+  const auto it = ipc_mappings_.find(static_cast<const char*>(pointer));
+  if (it == ipc_mappings_.end()) {
+    Misuse(
+        "cudaIpcCloseMemHandle of a pointer cudaIpcOpenMemHandle did not "
+        "return, or closed already");
+    return gpu::kCudaErrorInvalidValue;
+  }
+  if (it->second != CurrentDevice()) {
+    Misuse(absl::StrCat("cudaIpcCloseMemHandle with device ", CurrentDevice(),
+                        " current of memory opened with device ", it->second,
+                        " current"));
+  }
+  ipc_mappings_.erase(it);
+  return gpu::kCudaSuccess;
 }
 
 gpu::CudaError FakeGpuApi::IpcOpenEventHandle(
     gpu::Event* event, const gpu::IpcEventHandle& handle) {
   absl::MutexLock lock(&mu_);
-  gpu::Event opened = nullptr;
-  std::memcpy(&opened, handle.bytes.data(), sizeof opened);
-  if (FindEvent(opened, "cudaIpcOpenEventHandle") == nullptr) {
+  const auto exported = exported_events_.find(ExportId(handle.bytes, 'e'));
+  if (exported == exported_events_.end() || exported->second->destroyed) {
     return gpu::kCudaErrorInvalidValue;
   }
-  *event = opened;
+  auto opened = std::make_unique<Event>();
+  opened->device = CurrentDevice();
+  opened->exported = exported->second;
+  *event = ToHandle<gpu::Event>(opened.get());
+  events_.push_back(std::move(opened));
+  return gpu::kCudaSuccess;
+}
+
+gpu::CudaError FakeGpuApi::IpcGetMemHandle(gpu::IpcMemHandle* handle,
+                                           void* pointer) {
+  *handle = ExportMemory(pointer);
+  return ExportId(handle->bytes, 'm') != 0 ? gpu::kCudaSuccess
+                                           : gpu::kCudaErrorInvalidValue;
+}
+
+gpu::CudaError FakeGpuApi::IpcGetEventHandle(gpu::IpcEventHandle* handle,
+                                             gpu::Event event) {
+  *handle = ExportEvent(event);
+  return ExportId(handle->bytes, 'e') != 0 ? gpu::kCudaSuccess
+                                           : gpu::kCudaErrorInvalidValue;
+}
+
+gpu::CudaError FakeGpuApi::PointerGetDevice(const void* pointer, int* device) {
+  absl::MutexLock lock(&mu_);
+  const char* allocation = FindAllocation(pointer);
+  if (allocation == nullptr) return gpu::kCudaErrorInvalidValue;
+  *device = memory_.at(allocation).device;
   return gpu::kCudaSuccess;
 }
 
@@ -337,6 +477,14 @@ gpu::CudaError FakeGpuApi::Free(void* pointer) {
     Misuse("cudaFree of memory Malloc did not return");
     return gpu::kCudaErrorInvalidValue;
   }
+  if (ipc_mappings_.count(it->first) != 0) {
+    Misuse("cudaFree of memory another process still has open through IPC");
+  }
+  if (const auto exported = memory_exports_.find(it->first);
+      exported != memory_exports_.end()) {
+    exported_memory_.erase(exported->second);
+    memory_exports_.erase(exported);
+  }
   delete[] it->first;
   memory_.erase(it);
   return gpu::kCudaSuccess;
@@ -344,6 +492,10 @@ gpu::CudaError FakeGpuApi::Free(void* pointer) {
 
 gpu::CudaError FakeGpuApi::Memcpy(void* destination, const void* source,
                                   size_t bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (memcpy_error_ != gpu::kCudaSuccess) return memcpy_error_;
+  }
   std::memcpy(destination, source, bytes);
   return gpu::kCudaSuccess;
 }

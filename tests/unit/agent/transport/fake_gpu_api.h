@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -73,7 +74,17 @@ class FakeNcclFabric {
 //   write it directly. Collectives check that each buffer is memory of the
 //   communicator's device, large enough.
 // - Each stream is a thread running its tasks in order; events and
-//   StreamWaitEvent follow CUDA's rules.
+//   StreamWaitEvent follow CUDA's rules. HoldStream stands for a kernel
+//   that is still running.
+// - CUDA IPC: ExportMemory and ExportEvent are the trainer's side
+//   (cudaIpcGetMemHandle, cudaIpcGetEventHandle), as if another process on
+//   the node had called them; IpcGetMemHandle and IpcGetEventHandle are the
+//   same through the seam (an error where they record a misuse), and
+//   EventCreateInterprocess is EventCreate. IpcOpenMemHandle maps the
+//   allocation at its own address (the fake has one address space);
+//   PointerGetDevice names the device the allocation was made on, whichever
+//   device opened it. An event opened with IpcOpenEventHandle is a new event
+//   that follows the exported one's records.
 // - NCCL communicators are non-blocking like the real ones: an initialization
 //   completes (CommGetAsyncError says kSuccess) once every rank of the group
 //   has called CommInitRankNonBlocking; after ncclGroupEnd the work reaches
@@ -83,8 +94,12 @@ class FakeNcclFabric {
 //   missing peer is a hang, ended only by CommAbort.
 // - Mistakes a real CUDA or NCCL would punish (a call on an aborted
 //   communicator, a collective while the communicator is not ready, a
-//   buffer on the wrong device) return an error and are recorded in
-//   misuses().
+//   buffer on the wrong device, closing memory IpcOpenMemHandle did not
+//   return) return an error and are recorded in misuses(). The fake is
+//   stricter than CUDA 13 in two ways that baton relies on not needing:
+//   opening a handle that is open already (CUDA counts references; older
+//   CUDA refused) and closing a mapping with another device current than
+//   the one it was opened on are misuses too.
 //
 // Thread-safe.
 class FakeGpuApi : public gpu::GpuApi {
@@ -111,10 +126,27 @@ class FakeGpuApi : public gpu::GpuApi {
   void StallInitialization(bool stall);
   // Waits until `count` collectives of this node wait on their streams.
   void AwaitWaitingCollectives(int count);
+  // Work enqueued on `stream` from now on waits, like work behind a kernel
+  // that is still running, until ReleaseStream(stream).
+  void HoldStream(gpu::Stream stream);
+  void ReleaseStream(gpu::Stream stream);
+  // Memcpy fails with `error` from now on (kCudaSuccess: never).
+  void FailMemcpy(gpu::CudaError error);
+  // The trainer's side of CUDA IPC: the handle of the allocation Malloc
+  // returned as `base` (cudaIpcGetMemHandle), and of a live event
+  // (cudaIpcGetEventHandle). The same allocation or event always gives the
+  // same handle. A pointer that is no allocation's base, or an event that
+  // is not live, is a misuse and gives a handle that opens nothing.
+  gpu::IpcMemHandle ExportMemory(void* base);
+  gpu::IpcEventHandle ExportEvent(gpu::Event event);
   // Live handles (created and not yet destroyed or aborted).
   int live_comms() const;
   int live_streams() const;
   int live_events() const;
+  // Allocations opened with IpcOpenMemHandle and not yet closed, and how
+  // many times IpcOpenMemHandle succeeded in all.
+  int live_ipc_mappings() const;
+  int ipc_opens() const;
   int aborted_comms() const;
   std::vector<std::string> misuses() const;
 
@@ -129,6 +161,7 @@ class FakeGpuApi : public gpu::GpuApi {
   gpu::CudaError StreamDestroy(gpu::Stream stream) override;
   gpu::CudaError StreamSynchronize(gpu::Stream stream) override;
   gpu::CudaError EventCreate(gpu::Event* event) override;
+  gpu::CudaError EventCreateInterprocess(gpu::Event* event) override;
   gpu::CudaError EventDestroy(gpu::Event event) override;
   gpu::CudaError EventRecord(gpu::Event event, gpu::Stream stream) override;
   gpu::CudaError EventQuery(gpu::Event event) override;
@@ -139,6 +172,11 @@ class FakeGpuApi : public gpu::GpuApi {
   gpu::CudaError IpcCloseMemHandle(void* pointer) override;
   gpu::CudaError IpcOpenEventHandle(gpu::Event* event,
                                     const gpu::IpcEventHandle& handle) override;
+  gpu::CudaError IpcGetMemHandle(gpu::IpcMemHandle* handle,
+                                 void* pointer) override;
+  gpu::CudaError IpcGetEventHandle(gpu::IpcEventHandle* handle,
+                                   gpu::Event event) override;
+  gpu::CudaError PointerGetDevice(const void* pointer, int* device) override;
   gpu::CudaError Malloc(void** pointer, size_t bytes) override;
   gpu::CudaError Free(void* pointer) override;
   gpu::CudaError Memcpy(void* destination, const void* source,
@@ -173,6 +211,9 @@ class FakeGpuApi : public gpu::GpuApi {
     int device = 0;
     std::deque<std::function<void()>> tasks;
     bool destroyed = false;
+    // HoldStream calls, and how many of them ReleaseStream has ended.
+    int64_t holds = 0;
+    int64_t releases = 0;
     std::thread thread;
   };
 
@@ -181,7 +222,21 @@ class FakeGpuApi : public gpu::GpuApi {
     int64_t recorded = 0;
     int64_t completed = 0;
     bool destroyed = false;
+    // Opened with IpcOpenEventHandle: the exported event whose records and
+    // completions this one shares (events are never freed before the fake).
+    Event* exported = nullptr;
   };
+
+  struct Allocation {
+    int device;
+    size_t bytes;
+  };
+
+  // The event whose records count for `event`: the exported one for an
+  // event opened through IPC.
+  static Event* Recorded(Event* event) {
+    return event->exported != nullptr ? event->exported : event;
+  }
 
   struct Comm {
     std::shared_ptr<FakeNcclFabric::Group> group;
@@ -239,6 +294,15 @@ class FakeGpuApi : public gpu::GpuApi {
   // Whether [pointer, pointer + bytes) is memory of `device`.
   bool IsDeviceMemory(const void* pointer, size_t bytes, int device) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The base of the allocation holding `pointer`, or null.
+  const char* FindAllocation(const void* pointer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The export id in an IPC handle made by ExportMemory or ExportEvent
+  // (`kind` 'm' or 'e'), or 0.
+  static int64_t ExportId(
+      const std::array<char, gpu::kCudaIpcHandleBytes>& bytes, char kind);
+  static std::array<char, gpu::kCudaIpcHandleBytes> ExportHandle(int64_t id,
+                                                                 char kind);
   int CurrentDevice() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Misuse(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Push(Stream* stream, std::function<void()> task)
@@ -250,11 +314,18 @@ class FakeGpuApi : public gpu::GpuApi {
   absl::Mutex& mu_;
 
   std::map<std::thread::id, int> current_device_ ABSL_GUARDED_BY(mu_);
-  struct Allocation {
-    int device;
-    size_t bytes;
-  };
   std::map<const char*, Allocation> memory_ ABSL_GUARDED_BY(mu_);
+  // IPC exports by id (ids count from 1), and the ids by what they export.
+  int64_t next_export_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<int64_t, const char*> exported_memory_ ABSL_GUARDED_BY(mu_);
+  std::map<const char*, int64_t> memory_exports_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, Event*> exported_events_ ABSL_GUARDED_BY(mu_);
+  std::map<const Event*, int64_t> event_exports_ ABSL_GUARDED_BY(mu_);
+  // Allocations open through IPC, by address: the device current when each
+  // was opened.
+  std::map<const char*, int> ipc_mappings_ ABSL_GUARDED_BY(mu_);
+  int ipc_opens_ ABSL_GUARDED_BY(mu_) = 0;
+  gpu::CudaError memcpy_error_ ABSL_GUARDED_BY(mu_) = gpu::kCudaSuccess;
   std::vector<std::unique_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Event>> events_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Comm>> comms_ ABSL_GUARDED_BY(mu_);
