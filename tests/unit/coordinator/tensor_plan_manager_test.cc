@@ -397,6 +397,31 @@ TEST_F(TensorPlanManagerTest, ReportsEveryDifferingFieldSeparately) {
                           "broadcast ranks=[2] nodes=[n1]"));
 }
 
+TEST(ValidateSpecTest, RejectsAnUnknownMemoryKind) {
+  v1::TensorSpec spec = Spec("w", {1});
+  spec.set_memory(static_cast<v1::MemoryKind>(5));
+  const absl::Status unknown = TensorPlanManager::ValidateSpec("x", spec);
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.message(),
+            "x.memory of tensor \"w\" is 5, not a known MemoryKind: declare "
+            "host or cuda");
+  spec.set_memory(v1::MEMORY_KIND_CUDA);
+  EXPECT_TRUE(TensorPlanManager::ValidateSpec("x", spec).ok());
+}
+
+TEST_F(TensorPlanManagerTest, HostOnOneNodeAndCudaOnAnotherIsMismatch) {
+  Declare("n0", {Spec("w", {2})});
+  v1::TensorSpec cuda = Spec("w", {2});
+  cuda.set_memory(v1::MEMORY_KIND_CUDA);
+  const auto outcome = Declare("n1", {cuda});
+  ASSERT_THAT(outcome.mismatches, SizeIs(1));
+  EXPECT_EQ(outcome.mismatches[0].field(), "memory");
+  EXPECT_THAT(
+      Values(outcome.mismatches[0]),
+      ElementsAre("host ranks=[0,1] nodes=[n0]", "cuda ranks=[2] nodes=[n1]"));
+  EXPECT_FALSE(outcome.plan.has_value());
+}
+
 TEST_F(TensorPlanManagerTest, MismatchBlocksEveryNewPlanVersion) {
   Declare("n0", {Spec("ok", {1}), Spec("w", {3})});
   const auto outcome = Declare("n1", {Spec("ok", {1}), Spec("w", {5})});
