@@ -248,14 +248,19 @@ void AgentJob::TrySubmit(PendingOp& pending) {
                             membership_->world_size(), " ranks")));
       return;
     }
+    int32_t root_offset = 0;
     for (const v1::NodeInfo& node : membership_->nodes()) {
       if (op->root_rank >= node.rank_offset() &&
           op->root_rank < node.rank_offset() + node.local_size()) {
         op->root_node = node.node_rank();
+        root_offset = node.rank_offset();
       }
     }
-    op->root_local =
-        op->root_node == node_rank_ ? op->root_rank - rank_offset_ : -1;
+    // A CUDA tensor's broadcast starts at the root's GPU, which every node
+    // names (NCCL rank = node rank x GPUs per node + local GPU).
+    op->root_local = op->root_node == node_rank_ || op->on_device
+                         ? op->root_rank - root_offset
+                         : -1;
   }
   pending.generation = membership_->generation();
   pending.data_plane = data_plane_.get();

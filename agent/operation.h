@@ -67,7 +67,7 @@ struct Operation {
   // trainer's ready event the collective waits for. `inputs` is empty;
   // `output`, when set, is host memory of size_bytes that stages the
   // cross-node step of the hierarchical path. For a broadcast, root_local
-  // is the root's local device.
+  // is the root's local device on its node, on every node.
   bool on_device = false;
   std::vector<uint8_t*> device_buffers;
   std::vector<DeviceEvent*> ready;
