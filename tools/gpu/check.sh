@@ -11,8 +11,10 @@
 #      trainers in other processes (CUDA IPC handles and ready events):
 #      push-pull and broadcast with --gpu_cross_node=nccl (one agent) and
 #      gloo (two agents sharing GPU 0), results checked by the trainers.
-#   3. baton-gpu-bench: the transport's allreduce against a direct
-#      ncclAllReduce of the same buffers, 1 MiB to 1 GiB, and their ratio.
+#   3. baton-gpu-bench: the transport's allreduce, and the agent's
+#      push-pull through its data plane (scheduler, 4 MiB partitions),
+#      against a direct ncclAllReduce of the same buffers, 1 MiB to 1 GiB,
+#      and their ratios.
 #
 # Usage: check.sh [PACK_DIR]   (default: the folder this script is in)
 # Environment:

@@ -1,14 +1,20 @@
-// baton-gpu-bench: the NCCL transport's allreduce against a direct
-// ncclAllReduce of the same buffers, in the same run, on every local GPU
-// (one NCCL rank each), for sizes from --min_bytes to --max_bytes (doubling).
+// baton-gpu-bench: the NCCL transport's allreduce, and the agent's
+// push_pull through its scheduler, against a direct ncclAllReduce of the
+// same buffers, in the same run, on every local GPU (one NCCL rank each),
+// for sizes from --min_bytes to --max_bytes (doubling).
 //
-// Both sides are timed on the host from the call to the result being on
-// every device: the transport's DeviceAllreduce (group call, completion
-// events and NCCL's error state polled, timeout armed), and the direct path
-// (group call on communicators of its own, NCCL's state polled until the
-// work is launched, then cudaStreamSynchronize on every stream). The two
-// alternate iteration by iteration. Prints one JSON object per size and a
-// table; the ratio is transport / direct (1.00 = no overhead).
+// The three are timed on the host from the call to the result being on
+// every device, and alternate iteration by iteration:
+// - transport: the transport's DeviceAllreduce (group call, completion
+//   events and NCCL's error state polled, timeout armed);
+// - direct: a group call on communicators of its own, NCCL's state polled
+//   until the work is launched, then cudaStreamSynchronize on every stream;
+// - data plane: one push_pull submitted to the agent's DataPlane of a
+//   one-node job with --gpu_cross_node=nccl, until its op_done: the
+//   scheduler's rounds, credit and partitioning (--partition_bytes), and
+//   one DeviceAllreduce per partition on the device worker.
+// Prints one JSON object per size and a table; the ratios are transport /
+// direct and data plane / direct (1.00 = no overhead).
 //
 // Without a CUDA device: prints "skipped: no CUDA device (<why>)" and exits
 // with 77.
@@ -20,23 +26,37 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/data_plane.h"
+#include "agent/operation.h"
+#include "agent/transport/gloo/gloo_transport.h"
 #include "agent/transport/nccl/cuda_nccl_api.h"
 #include "agent/transport/nccl/local_gpus.h"
 #include "agent/transport/nccl/nccl_communicator.h"
 #include "agent/transport/nccl/nccl_transport.h"
 #include "common/clock.h"
 #include "gflags/gflags.h"
+// The coordinator's store semantics in memory: one node rendezvouses with
+// itself.
+#include "tests/unit/agent/transport/memory_store.h"
 
 DEFINE_int64(min_bytes, int64_t{1} << 20, "Smallest allreduce, in bytes");
 DEFINE_int64(max_bytes, int64_t{1} << 30, "Largest allreduce, in bytes");
 DEFINE_int32(iterations, 20, "Timed iterations per size and side");
 DEFINE_int32(warmup, 3, "Untimed iterations per size and side");
-DEFINE_int64(timeout_ms, 60000, "Bound on each allreduce and on connecting");
+DEFINE_int64(timeout_ms, 60000,
+             "Bound on each allreduce (each push_pull through the data "
+             "plane) and on connecting");
+DEFINE_int64(partition_bytes, int64_t{4} << 20,
+             "The data plane's partition size (a multiple of 8)");
+DEFINE_int64(credit_bytes, int64_t{64} << 20,
+             "The data plane's bytes in flight (priority mode's credit)");
 
 namespace baton::agent {
 namespace {
@@ -129,9 +149,107 @@ class DirectAllreduce {
   std::vector<NcclLocalRank> ranks_;
 };
 
+// The agent's path: the DataPlane of a one-node job over every local GPU,
+// as baton-agent builds it with --gpu_cross_node=nccl: the negotiation and
+// one data channel over gloo on loopback (one node negotiates with nobody,
+// but the scheduler's rounds still run), and a DeviceGroup whose NCCL group
+// comes from NcclTransport::ConnectDevices. The buffers are this process's
+// own: no CUDA IPC, no ready events.
+class DataPlaneAllreduce {
+ public:
+  // `nccl` must outlive this.
+  absl::Status Connect(NcclTransport& nccl) {
+    const std::chrono::milliseconds timeout(FLAGS_timeout_ms);
+    ConnectRequest request;
+    request.node_rank = 0;
+    request.num_nodes = 1;
+    request.store = std::make_shared<MemoryKeyValueStore>();
+    request.timeout = timeout;
+    request.prefix = "baton-gpu-bench/nccl/";
+    absl::StatusOr<std::vector<std::unique_ptr<DeviceCommunicator>>> device =
+        nccl.ConnectDevices(request);
+    if (!device.ok()) return device.status();
+    absl::StatusOr<std::unique_ptr<GlooTransport>> gloo =
+        GlooTransport::Create("127.0.0.1");
+    if (!gloo.ok()) return gloo.status();
+    gloo_ = std::move(*gloo);
+    request.prefix = "baton-gpu-bench/gloo/";
+    request.count = 2;  // the negotiation, one data channel
+    absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> host =
+        gloo_->Connect(request);
+    if (!host.ok()) return host.status();
+
+    DataPlaneOptions options;
+    options.job = "baton-gpu-bench";
+    options.generation = 1;
+    options.world_size = (*device)[0]->world_size();
+    options.credit_bytes = FLAGS_credit_bytes;
+    options.op_timeout = timeout;
+    DataPlane::Callbacks callbacks;
+    callbacks.op_done = [this](uint64_t id, absl::Status status) {
+      absl::MutexLock lock(&mu_);
+      done_id_ = id;
+      done_status_ = std::move(status);
+    };
+    std::vector<std::unique_ptr<Communicator>> data;
+    data.push_back(std::move((*host)[1]));
+    DeviceGroup group;
+    group.cross_node = GpuCrossNode::kNccl;
+    group.comm = std::move((*device)[0]);
+    plane_ = std::make_unique<DataPlane>(options, std::move((*host)[0]),
+                                         std::move(data), callbacks,
+                                         std::move(group));
+    plane_->SetKnownTensors(1);
+    return absl::OkStatus();
+  }
+
+  // One push_pull (float32 sum) of the first `bytes` of every buffer, the
+  // next step of tensor 0; returns when op_done reported it.
+  absl::Status Run(const std::vector<void*>& buffers, int64_t bytes) {
+    auto op = std::make_shared<Operation>();
+    op->step = steps_++;
+    op->id = static_cast<uint64_t>(op->step) + 1;
+    op->tensor_id = 0;
+    op->tensor_name = "bench";
+    op->kind = v1::COLLECTIVE_OP_PUSH_PULL;
+    op->dtype = v1::DATA_TYPE_FLOAT32;
+    op->size_bytes = bytes;
+    op->partition_bytes = FLAGS_partition_bytes;
+    op->on_device = true;
+    for (void* buffer : buffers) {
+      op->device_buffers.push_back(static_cast<uint8_t*>(buffer));
+    }
+    const uint64_t id = op->id;
+    plane_->Submit(std::move(op));
+    absl::MutexLock lock(&mu_);
+    const auto done = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return done_id_ == id;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done),
+                              absl::Milliseconds(FLAGS_timeout_ms))) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("push_pull step ", id - 1, " through the data plane ",
+                       "not done after ", FLAGS_timeout_ms, " ms"));
+    }
+    return done_status_;
+  }
+
+ private:
+  std::unique_ptr<GlooTransport> gloo_;
+  absl::Mutex mu_;
+  // The last operation op_done reported.
+  uint64_t done_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status done_status_ ABSL_GUARDED_BY(mu_);
+  int64_t steps_ = 0;
+  // Last: destroyed first, while its callback's mutex and the gloo
+  // transport under its communicators are still there.
+  std::unique_ptr<DataPlane> plane_;
+};
+
 struct Timings {
   std::vector<double> transport_us;
   std::vector<double> direct_us;
+  std::vector<double> dataplane_us;
 };
 
 double Median(std::vector<double> values) {
@@ -161,10 +279,14 @@ std::string Bytes(int64_t bytes) {
 
 int Run() {
   if (FLAGS_min_bytes < 4 || FLAGS_max_bytes < FLAGS_min_bytes ||
-      FLAGS_iterations < 1 || FLAGS_warmup < 0 || FLAGS_timeout_ms < 1) {
+      FLAGS_iterations < 1 || FLAGS_warmup < 0 || FLAGS_timeout_ms < 1 ||
+      FLAGS_partition_bytes < 8 || FLAGS_partition_bytes % 8 != 0 ||
+      FLAGS_credit_bytes < 1) {
     std::fprintf(stderr,
                  "baton-gpu-bench: give 4 <= --min_bytes <= --max_bytes, "
-                 "--iterations >= 1, --warmup >= 0, --timeout_ms >= 1\n");
+                 "--iterations >= 1, --warmup >= 0, --timeout_ms >= 1, "
+                 "--partition_bytes a positive multiple of 8, "
+                 "--credit_bytes >= 1\n");
     return 2;
   }
   const absl::StatusOr<gpu::GpuApi*> loaded = gpu::LoadCudaNcclApi();
@@ -198,6 +320,8 @@ int Run() {
   if (!communicator.ok()) return fail(communicator.status());
   DirectAllreduce direct(api);
   if (absl::Status s = direct.Connect(devices); !s.ok()) return fail(s);
+  DataPlaneAllreduce plane;
+  if (absl::Status s = plane.Connect(**transport); !s.ok()) return fail(s);
 
   std::vector<void*> buffers;
   for (int device : devices) {
@@ -219,6 +343,7 @@ int Run() {
   std::vector<std::string> table;
   for (int64_t bytes = FLAGS_min_bytes; bytes <= FLAGS_max_bytes; bytes *= 2) {
     const size_t elements = static_cast<size_t>(bytes) / sizeof(float);
+    const int64_t whole = static_cast<int64_t>(elements * sizeof(float));
     Timings timings;
     for (int i = 0; i < FLAGS_warmup + FLAGS_iterations; ++i) {
       const absl::StatusOr<double> ours = TimeUs([&] {
@@ -230,35 +355,50 @@ int Run() {
       const absl::StatusOr<double> theirs =
           TimeUs([&] { return direct.Run(buffers.data(), elements); });
       if (!theirs.ok()) return fail(theirs.status());
+      const absl::StatusOr<double> scheduled =
+          TimeUs([&] { return plane.Run(buffers, whole); });
+      if (!scheduled.ok()) return fail(scheduled.status());
       if (i < FLAGS_warmup) continue;
       timings.transport_us.push_back(*ours);
       timings.direct_us.push_back(*theirs);
+      timings.dataplane_us.push_back(*scheduled);
     }
     const double transport_us = Median(timings.transport_us);
     const double direct_us = Median(timings.direct_us);
+    const double dataplane_us = Median(timings.dataplane_us);
     const double ratio = transport_us / direct_us;
+    const double dataplane_ratio = dataplane_us / direct_us;
+    const auto min = [](const std::vector<double>& us) {
+      return *std::min_element(us.begin(), us.end());
+    };
     // Bytes each rank moves per second, as nccl-tests' algbw.
     const auto algbw = [&](double us) { return bytes / us / 1e3; };
     std::printf(
         "{\"bytes\": %lld, \"dtype\": \"float32\", \"ranks\": %d, "
-        "\"iterations\": %d, \"transport_median_us\": %.1f, "
-        "\"direct_median_us\": %.1f, \"transport_min_us\": %.1f, "
-        "\"direct_min_us\": %.1f, \"ratio\": %.3f, "
-        "\"transport_algbw_gbps\": %.2f, \"direct_algbw_gbps\": %.2f}\n",
-        static_cast<long long>(bytes), ranks, FLAGS_iterations, transport_us,
-        direct_us,
-        *std::min_element(timings.transport_us.begin(),
-                          timings.transport_us.end()),
-        *std::min_element(timings.direct_us.begin(), timings.direct_us.end()),
-        ratio, algbw(transport_us), algbw(direct_us));
+        "\"iterations\": %d, \"partition_bytes\": %lld, "
+        "\"transport_median_us\": %.1f, \"direct_median_us\": %.1f, "
+        "\"dataplane_median_us\": %.1f, \"transport_min_us\": %.1f, "
+        "\"direct_min_us\": %.1f, \"dataplane_min_us\": %.1f, "
+        "\"ratio\": %.3f, \"dataplane_ratio\": %.3f, "
+        "\"transport_algbw_gbps\": %.2f, \"direct_algbw_gbps\": %.2f, "
+        "\"dataplane_algbw_gbps\": %.2f}\n",
+        static_cast<long long>(bytes), ranks, FLAGS_iterations,
+        static_cast<long long>(FLAGS_partition_bytes), transport_us, direct_us,
+        dataplane_us, min(timings.transport_us), min(timings.direct_us),
+        min(timings.dataplane_us), ratio, dataplane_ratio, algbw(transport_us),
+        algbw(direct_us), algbw(dataplane_us));
     std::fflush(stdout);
-    table.push_back(absl::StrFormat("# %10s %14.1f %14.1f %7.3f", Bytes(bytes),
-                                    transport_us, direct_us, ratio));
+    table.push_back(absl::StrFormat("# %10s %14.1f %14.1f %14.1f %8.3f %8.3f",
+                                    Bytes(bytes), transport_us, direct_us,
+                                    dataplane_us, ratio, dataplane_ratio));
   }
-  std::printf("# allreduce float32 sum over %d rank(s), median of %d\n", ranks,
-              FLAGS_iterations);
-  std::printf("# %10s %14s %14s %7s\n", "size", "transport us", "direct us",
-              "ratio");
+  std::printf(
+      "# allreduce float32 sum over %d rank(s), median of %d; data plane: "
+      "%s partitions, %s of credit\n",
+      ranks, FLAGS_iterations, Bytes(FLAGS_partition_bytes).c_str(),
+      Bytes(FLAGS_credit_bytes).c_str());
+  std::printf("# %10s %14s %14s %14s %8s %8s\n", "size", "transport us",
+              "direct us", "data plane us", "ratio", "dp ratio");
   for (const std::string& row : table) std::printf("%s\n", row.c_str());
   for (size_t i = 0; i < buffers.size(); ++i) {
     api.SetDevice(devices[i]);
@@ -272,8 +412,10 @@ int Run() {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
-      "baton-gpu-bench [--min_bytes N] [--max_bytes N] [--iterations N]\n"
-      "The NCCL transport's allreduce against a direct ncclAllReduce.");
+      "baton-gpu-bench [--min_bytes N] [--max_bytes N] [--iterations N] "
+      "[--partition_bytes N] [--credit_bytes N]\n"
+      "The NCCL transport's allreduce and the agent's data plane against a "
+      "direct ncclAllReduce.");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   return baton::agent::Run();
 }
