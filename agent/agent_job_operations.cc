@@ -15,6 +15,17 @@ namespace {
 
 std::atomic<uint64_t> next_op_id{1};
 
+// Every failure a trainer sees names its operation, also those for a
+// reason that is not about the tensor (a stopped data plane, a node that
+// left).
+std::string FailureMessage(const std::string& tensor, int64_t step,
+                           absl::string_view message) {
+  if (absl::StrContains(message, absl::StrCat("\"", tensor, "\""))) {
+    return std::string(message);
+  }
+  return absl::StrCat("tensor \"", tensor, "\" step ", step, ": ", message);
+}
+
 }  // namespace
 
 absl::Status AgentJob::ValidateEnqueue(int32_t rank,
@@ -81,12 +92,7 @@ void AgentJob::FailOp(int32_t rank, const v1::EnqueueRequest& request,
       request.index() < static_cast<int32_t>(tensors_.size())) {
     const std::string& name = tensors_[request.index()]->spec.name();
     failed->set_tensor(name);
-    // Every failure names its operation, also those refused at enqueue
-    // for a reason that is not about the tensor (a stopped data plane).
-    if (!absl::StrContains(message, absl::StrCat("\"", name, "\""))) {
-      message = absl::StrCat("tensor \"", name, "\" step ", request.step(),
-                             ": ", message);
-    }
+    message = FailureMessage(name, request.step(), message);
   }
   failed->set_step(request.step());
   failed->set_generation(membership_ ? membership_->generation() : 0);
@@ -323,7 +329,8 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
     f->set_step(pending.step);
     f->set_generation(pending.generation);
     f->set_code(static_cast<int32_t>(status.code()));
-    f->set_message(std::string(status.message()));
+    f->set_message(
+        FailureMessage(tensor.spec.name(), pending.step, status.message()));
   }
   LocalTensor& leased = *tensors_[pending.index];
   for (size_t r = 0; r < pending.ranks.size(); ++r) {

@@ -580,12 +580,18 @@ absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task,
   opts.timeout = options_.op_timeout;
   absl::Status status;
   if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
-    if (op.root_local >= 0 && op.inputs[op.root_local] != op.output) {
+    uint8_t* data = out;
+    if (op.root_local >= 0 && op.inputs.size() == 1) {
+      // The root is its node's only trainer: it holds the result already,
+      // and nobody here reads the output. Peers get the input itself (gloo
+      // only reads the root's buffer), without a copy.
+      data = const_cast<uint8_t*>(op.inputs[op.root_local]) + task.offset;
+    } else if (op.root_local >= 0 && op.inputs[op.root_local] != op.output) {
       std::memcpy(out, op.inputs[op.root_local] + task.offset, task.length);
     }
     *reduced_us = NowUs();
     if (options_.num_nodes > 1) {
-      status = worker.comm->Broadcast(out, task.length, op.root_node, opts);
+      status = worker.comm->Broadcast(data, task.length, op.root_node, opts);
     }
   } else {
     const size_t n = op.inputs.size();

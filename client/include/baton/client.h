@@ -83,7 +83,9 @@ class Tensor {
   const v1::TensorSpec& spec() const { return spec_; }
   int64_t size_bytes() const { return size_bytes_; }
   // This trainer's input region and the result region. Valid while the
-  // client lives; nullptr for a CUDA tensor.
+  // client lives; nullptr for a CUDA tensor. A broadcast's root that is its
+  // node's only trainer finds the result in its input (the agent sends the
+  // input itself and leaves the output region alone).
   uint8_t* input() const {
     return base_ == nullptr ? nullptr : base_ + input_offset_;
   }
