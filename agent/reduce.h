@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "baton/v1/common.pb.h"
+#include "common/dtype.h"
 
 namespace baton::agent {
 
@@ -17,8 +18,11 @@ namespace baton::agent {
 // the CPU has them, with the same results. No kernel allocates, and all are
 // safe to call from any number of threads at once.
 
-// Bytes per element; 0 for DATA_TYPE_UNSPECIFIED or an unknown value.
-size_t ElementSize(v1::DataType dtype);
+// Bytes per element (baton::ElementSize, common/dtype.h) as a size; 0 for
+// DATA_TYPE_UNSPECIFIED or an unknown value.
+inline size_t ElementSize(v1::DataType dtype) {
+  return static_cast<size_t>(baton::ElementSize(dtype));
+}
 
 // dst[i] = srcs[0][i] + ... + srcs[num_srcs - 1][i] for i < count, summed
 // in that order. `dst` may be one of `srcs` (any position); other overlap is

@@ -14,25 +14,6 @@
 
 namespace baton {
 
-int64_t ElementSize(v1::DataType dtype) {
-  switch (dtype) {
-    case v1::DATA_TYPE_FLOAT64:
-    case v1::DATA_TYPE_INT64:
-      return 8;
-    case v1::DATA_TYPE_FLOAT32:
-    case v1::DATA_TYPE_INT32:
-      return 4;
-    case v1::DATA_TYPE_FLOAT16:
-    case v1::DATA_TYPE_BFLOAT16:
-      return 2;
-    case v1::DATA_TYPE_UINT8:
-    case v1::DATA_TYPE_INT8:
-      return 1;
-    default:
-      return 0;
-  }
-}
-
 // One started operation: the client's handle plus what Synchronize needs to
 // deliver the result into the user's buffer exactly once.
 class Operation {

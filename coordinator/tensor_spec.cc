@@ -18,27 +18,14 @@ namespace {
 struct DtypeInfo {
   v1::DataType dtype;
   const char* text;
-  int64_t element_size;
 };
 constexpr DtypeInfo kDtypes[] = {
-    {v1::DATA_TYPE_FLOAT32, "float32", 4},
-    {v1::DATA_TYPE_FLOAT64, "float64", 8},
-    {v1::DATA_TYPE_FLOAT16, "float16", 2},
-    {v1::DATA_TYPE_BFLOAT16, "bfloat16", 2},
-    {v1::DATA_TYPE_INT32, "int32", 4},
-    {v1::DATA_TYPE_INT64, "int64", 8},
-    {v1::DATA_TYPE_UINT8, "uint8", 1},
-    {v1::DATA_TYPE_INT8, "int8", 1},
+    {v1::DATA_TYPE_FLOAT32, "float32"}, {v1::DATA_TYPE_FLOAT64, "float64"},
+    {v1::DATA_TYPE_FLOAT16, "float16"}, {v1::DATA_TYPE_BFLOAT16, "bfloat16"},
+    {v1::DATA_TYPE_INT32, "int32"},     {v1::DATA_TYPE_INT64, "int64"},
+    {v1::DATA_TYPE_UINT8, "uint8"},     {v1::DATA_TYPE_INT8, "int8"},
 };
-
 }  // namespace
-
-int64_t ElementSize(v1::DataType dtype) {
-  for (const DtypeInfo& info : kDtypes) {
-    if (info.dtype == dtype) return info.element_size;
-  }
-  return 0;
-}
 
 absl::Status ValidateTensorSpec(const std::string& what,
                                 const v1::TensorSpec& spec) {

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "baton/v1/common.pb.h"
+#include "common/dtype.h"
 
 namespace baton {
 
@@ -22,9 +23,6 @@ inline constexpr int kMaxTensorDims = 8;
 // The fields two declarations of one name can disagree on, as bits.
 enum SpecField : uint8_t { kDtype = 1, kShape = 2, kOp = 4, kMemory = 8 };
 inline constexpr SpecField kSpecFields[] = {kDtype, kShape, kOp, kMemory};
-
-// Bytes per element of `dtype`; 0 for UNSPECIFIED or an unknown value.
-int64_t ElementSize(v1::DataType dtype);
 
 // OK when `spec` has a valid name, a known dtype, op push_pull or broadcast,
 // a known memory kind, at most kMaxTensorDims dimensions, each >= 0, and holds
