@@ -324,9 +324,11 @@ void AgentJob::HandleDeclare(TrainerSink* sink, uint64_t seq,
     const int32_t index = first + i;
     const std::string what = absl::StrCat("DeclareRequest.tensors[", i, "]");
     absl::Status status = matched;
-    if (status.ok()) status = ValidateDeclaration(what, spec);
+    // The coordinator's rules, so a bad declaration fails at the trainer's
+    // declare call.
+    if (status.ok()) status = ValidateTensorSpec(what, spec);
     if (status.ok() && cuda[i] != nullptr) {
-      status = OpenCudaBuffer(rank, what, *cuda[i], DeclaredBytes(spec),
+      status = OpenCudaBuffer(rank, what, *cuda[i], TensorSizeBytes(spec),
                               &buffers[i], &events[i]);
       if (status.ok() && cuda_device >= 0 &&
           buffers[i]->local_device() != cuda_device) {

@@ -10,6 +10,7 @@
 #include "agent/transport/device_memory.h"
 #include "baton/v1/common.pb.h"
 #include "common/shm.h"
+#include "common/tensor_spec.h"
 
 namespace baton::agent {
 
@@ -51,17 +52,8 @@ struct LocalTensor {
       int32_t local_size);
 };
 
-// Checks a declaration as a trainer sent it; `what` names it in the error
-// ("DeclareRequest.tensors[3]"). Same rules as the coordinator's manifest
-// check, so a bad declaration fails at the trainer's declare call.
-absl::Status ValidateDeclaration(const std::string& what,
-                                 const v1::TensorSpec& spec);
-
-// Element count times element size of a valid spec.
-int64_t DeclaredBytes(const v1::TensorSpec& spec);
-
 // "" when equal; otherwise which field differs and both values, e.g.
-// "dtype DATA_TYPE_FLOAT32 vs DATA_TYPE_INT64".
+// "dtype float32 vs int64" (common/tensor_spec.h's words).
 std::string DescribeDifference(const v1::TensorSpec& a,
                                const v1::TensorSpec& b);
 

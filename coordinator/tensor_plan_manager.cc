@@ -14,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
-#include "coordinator/tensor_spec.h"
+#include "common/tensor_spec.h"
 
 namespace baton {
 namespace {

@@ -12,7 +12,7 @@
 #include "baton/v1/common.pb.h"
 #include "baton/v1/coordinator.pb.h"
 #include "baton/v1/status.pb.h"
-#include "coordinator/tensor_spec.h"
+#include "common/tensor_spec.h"
 
 namespace baton {
 
@@ -86,7 +86,7 @@ class TensorPlanManager {
   std::string TensorName(const std::string& job, uint32_t tensor_id) const;
 
   // Shorthands for ValidateTensorSpec and TensorSizeBytes
-  // (coordinator/tensor_spec.h), which state the full contracts.
+  // (common/tensor_spec.h), which state the full contracts.
   // Validates one spec; `what` names it in the error ("Manifest.tensors[3]").
   static absl::Status ValidateSpec(const std::string& what,
                                    const v1::TensorSpec& spec);

@@ -130,7 +130,7 @@ TEST_F(AgentErrorsTest, BadDeclarationsNameTheTensorAndField) {
   bad = clients[1]->Declare({Spec("w", v1::DATA_TYPE_INT64, {4})});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(),
-              HasSubstr("dtype DATA_TYPE_INT64 vs DATA_TYPE_FLOAT32"));
+              HasSubstr("dtype int64 vs float32"));
 }
 
 TEST_F(AgentErrorsTest, LocalRanksDisagreeingOnAverageFailThenRetry) {

@@ -1,4 +1,4 @@
-#include "coordinator/tensor_spec.h"
+#include "common/tensor_spec.h"
 
 #include <algorithm>
 #include <cstdint>

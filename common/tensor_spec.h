@@ -13,8 +13,10 @@
 namespace baton {
 
 // What a tensor spec may be, what it occupies, and how it reads in errors:
-// the rules and the text the tensor plan shares between validating manifests,
-// recovering plans and describing mismatches. Pure functions; thread-safe.
+// the rules and the text shared by the coordinator's tensor plan (validating
+// manifests, recovering plans, describing mismatches) and the agent
+// (checking a trainer's declaration, so that a bad one fails at the
+// trainer's declare call with the same words). Pure functions; thread-safe.
 
 // Largest tensor a spec may describe, and most dimensions it may have.
 inline constexpr int64_t kMaxTensorBytes = int64_t{16} << 30;
