@@ -88,6 +88,11 @@ class AgentGpuTest
   agent::GpuCrossNode cross_node() const { return std::get<0>(GetParam()); }
   int nodes() const { return 2; }
   int gpus() const { return std::get<1>(GetParam()); }
+  // Local trainers of the node started n-th (one per GPU by default).
+  virtual int trainers(int n) const {
+    (void)n;
+    return gpus();
+  }
   int world() const { return nodes() * gpus(); }
 
   void SetUp() override {
@@ -148,7 +153,7 @@ class AgentGpuTest
     options.socket = sockets_[n];
     options.job = kJob;
     options.local_rank = local_rank;
-    options.local_size = gpus();
+    options.local_size = trainers(n);
     options.expected_nodes = nodes();
     options.partition_bytes = 4096;
     options.attach_timeout = std::chrono::seconds(20);
@@ -163,15 +168,16 @@ class AgentGpuTest
       int64_t elements, Body body,
       int (*device_of)(int) = [](int r) { return r; }) {
     for (int n = 0; n < nodes(); ++n) {
-      for (int r = 0; r < gpus(); ++r) {
+      for (int r = 0; r < trainers(n); ++r) {
         tensors_.push_back(std::make_unique<TrainerTensor>(
             apis_[n].get(), device_of(r), elements));
       }
     }
     std::vector<std::thread> threads;
+    size_t next = 0;
     for (int n = 0; n < nodes(); ++n) {
-      for (int r = 0; r < gpus(); ++r) {
-        TrainerTensor* tensor = tensors_[n * gpus() + r].get();
+      for (int r = 0; r < trainers(n); ++r) {
+        TrainerTensor* tensor = tensors_[next++].get();
         threads.emplace_back([this, n, r, tensor, &body] {
           auto session = Session::Init(Options(n, r));
           ASSERT_TRUE(session.ok()) << session.status();
@@ -268,6 +274,56 @@ TEST_P(AgentGpuTest, TwoTrainersOnOneGpuAreRefused) {
     EXPECT_EQ(refused, 1) << "node rank " << n;
   }
 }
+
+// Nodes with different trainer counts (2 and 1). They cannot form one NCCL
+// group: with --gpu_cross_node=nccl the CUDA operations fail with the
+// reason while host tensors keep running; the hierarchical path reduces
+// each node's GPUs on their own and works.
+class AgentGpuUnevenTest : public AgentGpuTest {
+ protected:
+  int trainers(int n) const override { return n == 0 ? 2 : 1; }
+};
+
+TEST_P(AgentGpuUnevenTest, UnevenNodesNeedTheHierarchicalPath) {
+  std::mutex mu;
+  std::vector<absl::Status> cuda;
+  const bool nccl = cross_node() == agent::GpuCrossNode::kNccl;
+  OnEveryTrainer(64, [&](Session& session, int rank, TrainerTensor& t) {
+    std::vector<float> host(5, 1.0f);
+    absl::Status status = session.PushPull(
+        "host", Buffer{host.data(), v1::DATA_TYPE_FLOAT32, {5}}, false);
+    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_EQ(host[0], 3.0f);  // three trainers
+    t.Write(static_cast<float>(rank + 1));
+    status = session.PushPull("cuda", t.Buffer(), /*average=*/true);
+    if (status.ok()) {
+      // (1 + 2 + 3) / 3 = 2.
+      for (int64_t i = 0; i < t.elements; ++i) {
+        EXPECT_EQ(t.data[i], 2.0f * static_cast<float>(i % 5 + 1));
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    cuda.push_back(status);
+  });
+  ASSERT_EQ(cuda.size(), 3u);
+  for (const absl::Status& status : cuda) {
+    if (!nccl) {
+      EXPECT_TRUE(status.ok()) << status;
+      continue;
+    }
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_THAT(status.message(),
+                HasSubstr("every node must drive the same number of devices"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CrossNode, AgentGpuUnevenTest,
+    ::testing::Values(std::make_tuple(agent::GpuCrossNode::kNccl, 2),
+                      std::make_tuple(agent::GpuCrossNode::kGloo, 2)),
+    [](const auto& info) {
+      return std::string(agent::GpuCrossNodeName(std::get<0>(info.param)));
+    });
 
 INSTANTIATE_TEST_SUITE_P(
     CrossNode, AgentGpuTest,
