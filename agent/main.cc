@@ -149,44 +149,53 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
   return config;
 }
 
+#ifdef BATON_HAVE_NCCL
+// Fills `gpus` with every CUDA device this process sees; returns the line
+// that describes them, or why there are none.
+absl::StatusOr<std::string> SetUpGpus(agent::GpuSupport* gpus) {
+  absl::StatusOr<agent::gpu::GpuApi*> api = agent::gpu::LoadCudaNcclApi();
+  if (!api.ok()) return api.status();
+  absl::StatusOr<int> count = agent::CountCudaDevices(**api);
+  if (!count.ok()) return count.status();
+  absl::StatusOr<std::string> described = agent::DescribeLocalGpus(**api);
+  if (!described.ok()) return described.status();
+  std::vector<int> ordinals(*count);
+  std::iota(ordinals.begin(), ordinals.end(), 0);
+  auto memory = agent::CreateCudaDeviceMemory(*api, ordinals);
+  if (!memory.ok()) return memory.status();
+  gpus->memory = std::move(*memory);
+  gpus->transport = [api = *api, ordinals](const std::vector<int>& local)
+      -> absl::StatusOr<std::unique_ptr<agent::DeviceTransport>> {
+    agent::NcclTransport::Options options;
+    for (int index : local) options.devices.push_back(ordinals[index]);
+    auto transport = agent::NcclTransport::Create(api, options);
+    if (!transport.ok()) return transport.status();
+    return std::unique_ptr<agent::DeviceTransport>(std::move(*transport));
+  };
+  return described;
+}
+#endif
+
 // The GPUs this node drives for CUDA tensors (every device the agent sees),
 // and a log line saying which data plane the node uses.
 agent::GpuSupport LocalGpus(const agent::AgentConfig& config) {
   agent::GpuSupport gpus;
 #ifdef BATON_HAVE_NCCL
-  absl::StatusOr<agent::gpu::GpuApi*> api = agent::gpu::LoadCudaNcclApi();
-  absl::StatusOr<std::string> described =
-      api.ok() ? agent::DescribeLocalGpus(**api)
-               : absl::StatusOr<std::string>(api.status());
+  const absl::StatusOr<std::string> described = SetUpGpus(&gpus);
   if (described.ok()) {
-    std::vector<int> ordinals(*agent::CountCudaDevices(**api));
-    std::iota(ordinals.begin(), ordinals.end(), 0);
-    auto memory = agent::CreateCudaDeviceMemory(*api, ordinals);
-    if (memory.ok()) {
-      gpus.memory = std::move(*memory);
-      gpus.transport = [api = *api, ordinals](const std::vector<int>& local)
-          -> absl::StatusOr<std::unique_ptr<agent::DeviceTransport>> {
-        agent::NcclTransport::Options options;
-        for (int index : local) options.devices.push_back(ordinals[index]);
-        auto transport = agent::NcclTransport::Create(api, options);
-        if (!transport.ok()) return transport.status();
-        return std::unique_ptr<agent::DeviceTransport>(std::move(*transport));
-      };
-      LOG(INFO) << "GPU data plane: " << *described
-                << "; CUDA tensors cross nodes over "
-                << agent::GpuCrossNodeName(config.gpu_cross_node)
-                << ", host tensors over gloo";
-      return gpus;
-    }
-    described = memory.status();
+    LOG(INFO) << "GPU data plane: " << *described
+              << "; CUDA tensors cross nodes over "
+              << agent::GpuCrossNodeName(config.gpu_cross_node)
+              << ", host tensors over gloo";
+    return gpus;
   }
+  gpus = agent::GpuSupport{};
   gpus.unavailable = std::string(described.status().message());
-  LOG(INFO) << "using the CPU transport (gloo): " << gpus.unavailable;
 #else
   (void)config;
   gpus.unavailable = "built without CUDA/NCCL";
-  LOG(INFO) << "using the CPU transport (gloo): " << gpus.unavailable;
 #endif
+  LOG(INFO) << "using the CPU transport (gloo): " << gpus.unavailable;
   return gpus;
 }
 
