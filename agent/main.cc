@@ -164,14 +164,7 @@ absl::StatusOr<std::string> SetUpGpus(agent::GpuSupport* gpus) {
   auto memory = agent::CreateCudaDeviceMemory(*api, ordinals);
   if (!memory.ok()) return memory.status();
   gpus->memory = std::move(*memory);
-  gpus->transport = [api = *api, ordinals](const std::vector<int>& local)
-      -> absl::StatusOr<std::unique_ptr<agent::DeviceTransport>> {
-    agent::NcclTransport::Options options;
-    for (int index : local) options.devices.push_back(ordinals[index]);
-    auto transport = agent::NcclTransport::Create(api, options);
-    if (!transport.ok()) return transport.status();
-    return std::unique_ptr<agent::DeviceTransport>(std::move(*transport));
-  };
+  gpus->transport = agent::NcclTransport::MakeFactory(*api, ordinals);
   return described;
 }
 #endif

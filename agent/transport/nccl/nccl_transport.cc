@@ -48,6 +48,26 @@ absl::Status StoreError(const std::string& what, const absl::Status& status) {
 
 }  // namespace
 
+NcclTransport::Factory NcclTransport::MakeFactory(gpu::GpuApi* api,
+                                                  std::vector<int> ordinals) {
+  return [api,
+          ordinals = std::move(ordinals)](const std::vector<int>& local_devices)
+             -> absl::StatusOr<std::unique_ptr<DeviceTransport>> {
+    Options options;
+    for (int index : local_devices) {
+      if (index < 0 || index >= static_cast<int>(ordinals.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("local device ", index, " is not one of the agent's ",
+                         ordinals.size(), " GPUs"));
+      }
+      options.devices.push_back(ordinals[index]);
+    }
+    auto transport = Create(api, std::move(options));
+    if (!transport.ok()) return transport.status();
+    return std::unique_ptr<DeviceTransport>(std::move(*transport));
+  };
+}
+
 absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     gpu::GpuApi* api, Options options) {
   if (api == nullptr) {

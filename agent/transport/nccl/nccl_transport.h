@@ -68,6 +68,14 @@ class NcclTransport : public Transport, public DeviceTransport {
 
   const std::vector<int>& devices() const { return devices_; }
 
+  // What the agent builds its jobs' GPU groups with: given indices into
+  // `ordinals` (a job's trainers' GPUs in local-rank order), an
+  // NcclTransport over those CUDA ordinals. `api` must outlive it all.
+  using Factory =
+      std::function<absl::StatusOr<std::unique_ptr<DeviceTransport>>(
+          const std::vector<int>& local_devices)>;
+  static Factory MakeFactory(gpu::GpuApi* api, std::vector<int> ordinals);
+
  private:
   NcclTransport(gpu::GpuApi* api, std::vector<int> devices, Clock* clock);
 

@@ -129,8 +129,7 @@ TEST_F(AgentErrorsTest, BadDeclarationsNameTheTensorAndField) {
   // The other local rank declares #0 differently.
   bad = clients[1]->Declare({Spec("w", v1::DATA_TYPE_INT64, {4})});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.status().message(),
-              HasSubstr("dtype int64 vs float32"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("dtype int64 vs float32"));
 }
 
 TEST_F(AgentErrorsTest, LocalRanksDisagreeingOnAverageFailThenRetry) {

@@ -123,15 +123,8 @@ class AgentGpuTest
       auto memory = agent::CreateCudaDeviceMemory(apis_[n].get(), ordinals);
       ASSERT_TRUE(memory.ok()) << memory.status();
       support.memory = std::move(*memory);
-      agent::FakeGpuApi* api = apis_[n].get();
-      support.transport = [api, ordinals](const std::vector<int>& local)
-          -> absl::StatusOr<std::unique_ptr<agent::DeviceTransport>> {
-        agent::NcclTransport::Options options;
-        for (int index : local) options.devices.push_back(ordinals[index]);
-        auto transport = agent::NcclTransport::Create(api, options);
-        if (!transport.ok()) return transport.status();
-        return std::unique_ptr<agent::DeviceTransport>(std::move(*transport));
-      };
+      support.transport =
+          agent::NcclTransport::MakeFactory(apis_[n].get(), ordinals);
     } else {
       support.unavailable = "no CUDA device (the test gave it none)";
     }
