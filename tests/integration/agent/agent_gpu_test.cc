@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -279,6 +280,7 @@ class AgentGpuUnevenTest : public AgentGpuTest {
 
 TEST_P(AgentGpuUnevenTest, UnevenNodesNeedTheHierarchicalPath) {
   std::mutex mu;
+  std::condition_variable all_done;
   std::vector<absl::Status> cuda;
   const bool nccl = cross_node() == agent::GpuCrossNode::kNccl;
   OnEveryTrainer(64, [&](Session& session, int rank, TrainerTensor& t) {
@@ -295,8 +297,13 @@ TEST_P(AgentGpuUnevenTest, UnevenNodesNeedTheHierarchicalPath) {
         EXPECT_EQ(t.data[i], 2.0f * static_cast<float>(i % 5 + 1));
       }
     }
-    std::lock_guard<std::mutex> lock(mu);
+    std::unique_lock<std::mutex> lock(mu);
     cuda.push_back(status);
+    all_done.notify_all();
+    // Nobody detaches before every trainer has its outcome: a node that
+    // leaves first would fail the others' operations for that reason.
+    all_done.wait_for(lock, std::chrono::seconds(30),
+                      [&] { return cuda.size() == 3; });
   });
   ASSERT_EQ(cuda.size(), 3u);
   for (const absl::Status& status : cuda) {
