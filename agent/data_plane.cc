@@ -624,11 +624,14 @@ absl::Status DataPlane::ExecuteOnDevice(Worker& worker,
   const Operation& op = *task.op;
   DeviceCommunicator& device = *worker.device;
   const int local = device.local_devices();
-  const std::string what = Describe(task);
+  // Named only on failure: this runs for every partition.
+  const auto fail = [&](const absl::Status& status) {
+    return TransportError(status, Describe(task));
+  };
   if (static_cast<int>(op.device_buffers.size()) != local) {
     return absl::InternalError(
-        absl::StrCat(what, ": ", op.device_buffers.size(), " CUDA buffers for ",
-                     local, " local GPUs"));
+        absl::StrCat(Describe(task), ": ", op.device_buffers.size(),
+                     " CUDA buffers for ", local, " local GPUs"));
   }
   CollectiveOptions opts;
   opts.timeout = options_.op_timeout;
@@ -636,8 +639,11 @@ absl::Status DataPlane::ExecuteOnDevice(Worker& worker,
   // inputs.
   for (DeviceEvent* ready : op.ready) {
     if (ready == nullptr) continue;
-    absl::Status status = ready->Wait(options_.op_timeout, what);
-    if (!status.ok()) return status;
+    absl::Status status = ready->Wait(options_.op_timeout);
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat(Describe(task), ": ", status.message()));
+    }
   }
   absl::InlinedVector<void*, 8> buffers(local);
   for (int i = 0; i < local; ++i) {
@@ -648,9 +654,6 @@ absl::Status DataPlane::ExecuteOnDevice(Worker& worker,
   const size_t bytes = static_cast<size_t>(task.length);
   const bool cross = options_.num_nodes > 1;
   uint8_t* stage = op.output == nullptr ? nullptr : op.output + task.offset;
-  const auto fail = [&](const absl::Status& status) {
-    return TransportError(status, what);
-  };
   absl::Status status;
   if (cross_node_ == GpuCrossNode::kNccl) {
     *reduced_us = NowUs();
@@ -669,8 +672,8 @@ absl::Status DataPlane::ExecuteOnDevice(Worker& worker,
   // NCCL; the nodes agree on host memory over gloo.
   if (cross && (stage == nullptr || worker.comm == nullptr ||
                 device_memory_ == nullptr)) {
-    return absl::InternalError(
-        absl::StrCat(what, ": the hierarchical path has no host stage"));
+    return absl::InternalError(absl::StrCat(
+        Describe(task), ": the hierarchical path has no host stage"));
   }
   if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
     int from = 0;  // the local device that holds the result

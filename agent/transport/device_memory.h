@@ -30,11 +30,11 @@ class DeviceEvent {
  public:
   virtual ~DeviceEvent() = default;
   // Returns once the work the event captured last is done: OK;
-  // DEADLINE_EXCEEDED naming `what` and the timeout when it is not done by
-  // then; UNAVAILABLE with CUDA's error otherwise. Called by one thread at a
-  // time.
-  virtual absl::Status Wait(std::chrono::milliseconds timeout,
-                            const std::string& what) = 0;
+  // DEADLINE_EXCEEDED naming the timeout when it is not done by then;
+  // UNAVAILABLE with CUDA's error otherwise. The caller names the operation
+  // in front of the message (nothing is built for it on the way to OK: this
+  // runs for every partition). Called by one thread at a time.
+  virtual absl::Status Wait(std::chrono::milliseconds timeout) = 0;
 };
 
 // Where a trainer says its tensor lives: the fields of v1::CudaBuffer.

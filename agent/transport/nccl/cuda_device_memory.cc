@@ -226,9 +226,9 @@ class CudaEvent : public DeviceEvent {
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
 
-  absl::Status Wait(std::chrono::milliseconds timeout,
-                    const std::string& what) override {
-    BATON_RETURN_IF_ERROR(mappings_->SetDevice(local_device_, what));
+  absl::Status Wait(std::chrono::milliseconds timeout) override {
+    BATON_RETURN_IF_ERROR(mappings_->SetDevice(
+        local_device_, "waiting for the trainer's ready event"));
     Clock& clock = *Clock::Real();
     const absl::Time deadline = clock.Now() + absl::FromChrono(timeout);
     absl::Duration sleep = kFirstSleep;
@@ -236,17 +236,15 @@ class CudaEvent : public DeviceEvent {
       const gpu::CudaError error = mappings_->api().EventQuery(event_);
       if (error == gpu::kCudaSuccess) return absl::OkStatus();
       if (error != gpu::kCudaErrorNotReady) {
-        return absl::UnavailableError(absl::StrCat(
-            what, ": cudaEventQuery of the trainer's ready event on ",
-            mappings_->Describe(local_device_),
-            " failed: ", mappings_->api().CudaErrorText(error)));
+        return absl::UnavailableError(
+            absl::StrCat("cudaEventQuery of the trainer's ready event on ",
+                         mappings_->Describe(local_device_),
+                         " failed: ", mappings_->api().CudaErrorText(error)));
       }
       const absl::Duration left = deadline - clock.Now();
       if (left <= absl::ZeroDuration()) {
         return absl::DeadlineExceededError(
-            absl::StrCat(what,
-                         ": the trainer's ready event did not complete "
-                         "within ",
+            absl::StrCat("the trainer's ready event did not complete within ",
                          timeout.count(), " ms"));
       }
       if (polls < kYieldingPolls) {
