@@ -240,8 +240,10 @@ TEST_P(AgentGpuTest, HostAndCudaTensorsMixInOneJob) {
   });
 }
 
-TEST_P(AgentGpuTest, TwoTrainersOnOneGpuAreRefused) {
-  if (gpus() < 2) GTEST_SKIP() << "needs two local trainers";
+// Two local trainers per node whose tensors are on the same GPU.
+class AgentGpuSharedTest : public AgentGpuTest {};
+
+TEST_P(AgentGpuSharedTest, TwoTrainersOnOneGpuAreRefused) {
   std::mutex mu;
   std::vector<absl::Status> outcomes;  // by global rank
   outcomes.resize(world());
@@ -268,6 +270,14 @@ TEST_P(AgentGpuTest, TwoTrainersOnOneGpuAreRefused) {
     EXPECT_EQ(refused, 1) << "node rank " << n;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    CrossNode, AgentGpuSharedTest,
+    ::testing::Values(std::make_tuple(agent::GpuCrossNode::kNccl, 2),
+                      std::make_tuple(agent::GpuCrossNode::kGloo, 2)),
+    [](const auto& info) {
+      return std::string(agent::GpuCrossNodeName(std::get<0>(info.param)));
+    });
 
 // Nodes with different trainer counts (2 and 1). They cannot form one NCCL
 // group: with --gpu_cross_node=nccl the CUDA operations fail with the
