@@ -8,6 +8,7 @@
 #include "agent/negotiation.h"
 #include "common/grpc_util.h"
 #include "common/log_context.h"
+#include "common/thread_name.h"
 #include "common/validation.h"
 #include "glog/logging.h"
 
@@ -51,7 +52,10 @@ AgentJob::AgentJob(std::string name, Environment env)
                  << "); trainers enqueue over gRPC";
     doorbell_ = &local_doorbell_;
   }
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    SetThreadName("baton-job");
+    Loop();
+  });
 }
 
 AgentJob::~AgentJob() {
@@ -72,7 +76,7 @@ AgentJob::~AgentJob() {
   }
   for (Trainer& trainer : trainers_) {
     if (trainer.channel != nullptr) {
-      SharedMemory::Unlink(trainer.channel_memory.name()).IgnoreError();
+      SharedMemory::Unlink(trainer.mapping->memory.name()).IgnoreError();
     }
   }
   if (doorbell_ != &local_doorbell_) {
@@ -102,6 +106,7 @@ void AgentJob::Loop() {
       tasks.swap(tasks_);
     }
     for (auto& task : tasks) task();
+    RetryDeferred();
     const bool drained = DrainChannels();
     const Clock::time_point now = Clock::now();
     OnTimer(now);
@@ -137,6 +142,13 @@ bool AgentJob::DrainChannels() {
       request.set_step(entry.step);
       request.set_average((entry.flags & kChannelAverage) != 0);
       request.set_root_rank(static_cast<int32_t>(entry.value));
+      if (entry.index >= 0 &&
+          static_cast<size_t>(entry.index) < op_of_tensor_.size() &&
+          op_of_tensor_[entry.index] != 0 &&
+          AwaitsOpDone(op_of_tensor_[entry.index])) {
+        deferred_.emplace_back(static_cast<int32_t>(r), std::move(request));
+        continue;
+      }
       HandleEnqueue(trainer.sink.get(), request, /*via_channel=*/true);
     }
   }
@@ -289,8 +301,10 @@ void AgentJob::HandleAttach(std::shared_ptr<TrainerSink> sink, uint64_t seq,
         SharedMemory::Create(absl::StrCat(shm_prefix_, "ch", r.local_rank()),
                              sizeof(TrainerChannel));
     if (channel.ok()) {
-      trainer.channel_memory = std::move(*channel);
-      trainer.channel = new (trainer.channel_memory.data()) TrainerChannel();
+      trainer.mapping = std::make_shared<ChannelMapping>();
+      trainer.mapping->memory = std::move(*channel);
+      trainer.channel = new (trainer.mapping->memory.data()) TrainerChannel();
+      trainer.mapping->channel = trainer.channel;
     } else {
       LOG(WARNING) << JobLogPrefix() << "local rank " << r.local_rank()
                    << " enqueues over gRPC: " << channel.status().message();

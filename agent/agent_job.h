@@ -16,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "agent/agent_config.h"
 #include "agent/agent_metrics.h"
@@ -108,6 +109,18 @@ class AgentJob {
     kReforming,  // generation aborted, waiting for the next
     kDone,
   };
+  // A trainer's shared-memory channel (common/shm_channel.h). Shared with
+  // the data plane's threads, which push successful completions into its
+  // ring themselves (Delivery).
+  struct ChannelMapping {
+    SharedMemory memory;
+    TrainerChannel* channel = nullptr;
+    // One producer of completions at a time.
+    std::mutex completions_mu;
+    // Pushes `entry` and rings the trainer's bell; false when the ring is
+    // full (then the completion goes over the stream).
+    bool Complete(const ChannelEntry& entry);
+  };
   struct Trainer {
     std::shared_ptr<TrainerSink> sink;
     int64_t pid = 0;
@@ -115,8 +128,9 @@ class AgentJob {
     bool detached = false;
     // Last step this rank finished of any tensor; -1 before the first.
     int64_t completed_step = -1;
-    // The shared-memory fast path of its enqueues and completions.
-    SharedMemory channel_memory;
+    // The shared-memory fast path of its enqueues and completions
+    // (mapping->channel; null: everything over the stream).
+    std::shared_ptr<ChannelMapping> mapping;
     TrainerChannel* channel = nullptr;
     // The GPU of its CUDA tensors (index into the agent's devices); -1
     // before its first CUDA declaration.
@@ -178,13 +192,34 @@ class AgentJob {
   void MakeReady(PendingOp& pending);
   void TrySubmit(PendingOp& pending);
   void SubmitWaiting();
-  void OnOpDone(uint64_t id, absl::Status status);
+  // Records who hears of `pending`'s success from the data plane's thread.
+  void PrepareDelivery(const PendingOp& pending);
+  // Takes `id`'s delivery record; false when it is gone (op_done delivered
+  // the completions already, or there was none).
+  bool TakeDelivery(uint64_t id);
+  // DataPlane::Callbacks::op_done, on a data-plane thread: delivers a
+  // success to the channel ranks at once, then hands the rest to the job
+  // thread (OnOpDone).
+  void DeliverDone(uint64_t id, absl::Status status);
+  // A trainer's next enqueue of the tensor of operation `id` must wait for
+  // OnOpDone: the trainer heard of the completion before the job thread.
+  bool AwaitsOpDone(uint64_t id);
+  // Handles the enqueues deferred for that reason whose OnOpDone ran.
+  void RetryDeferred();
+  // `delivered`: DeliverDone told the channel ranks except `missed` (their
+  // ring was full).
+  void OnOpDone(uint64_t id, absl::Status status, bool delivered = false,
+                std::vector<int32_t> missed = {});
   // Tells the trainers the outcome and forgets the operation.
-  void FinishOp(PendingOp& pending, const absl::Status& status);
+  // `delivered`/`missed` as for OnOpDone.
+  void FinishOp(PendingOp& pending, const absl::Status& status,
+                bool delivered = false,
+                const std::vector<int32_t>& missed = {});
   // Fails it now even if a data plane still holds its buffers (then the
   // tensor stays leased until that data plane lets go).
   void FailNow(PendingOp& pending, const absl::Status& status);
-  void Notify(PendingOp& pending, const absl::Status& status);
+  void Notify(PendingOp& pending, const absl::Status& status,
+              bool delivered = false, const std::vector<int32_t>& missed = {});
   void FailOp(int32_t rank, const v1::EnqueueRequest& request,
               const absl::Status& status);
   int32_t RankOf(const TrainerSink* sink) const;
@@ -277,6 +312,27 @@ class AgentJob {
   // the tensor's next operation waits for it.
   std::vector<uint64_t> lease_of_tensor_;
   std::unique_ptr<DataPlane> data_plane_;
+  // Successful operations reach the trainers that enqueued them through
+  // their channel from the thread the data plane reports them on, one
+  // thread hand-over sooner than through the job thread. Per submitted
+  // operation: those ranks' rings. Taken by the first of DeliverDone (a
+  // success) and FailNow; OnOpDone drops what is left.
+  struct Delivery {
+    struct Target {
+      int32_t rank = 0;
+      std::shared_ptr<ChannelMapping> mapping;
+      ChannelEntry entry = {};
+    };
+    std::vector<Target> targets;
+  };
+  std::mutex deliveries_mu_;
+  absl::flat_hash_map<uint64_t, Delivery> deliveries_
+      ABSL_GUARDED_BY(deliveries_mu_);
+  // Delivered by DeliverDone, OnOpDone not run yet.
+  absl::flat_hash_set<uint64_t> delivered_ ABSL_GUARDED_BY(deliveries_mu_);
+  // Channel enqueues of a tensor whose previous operation is in delivered_
+  // (local rank, request), handled once its OnOpDone ran.
+  std::vector<std::pair<int32_t, v1::EnqueueRequest>> deferred_;
   // The generation whose device group is connecting or attached (-1: none),
   // and why connecting it failed (CUDA operations of that generation fail
   // with it).

@@ -173,9 +173,9 @@ v1::Attached AgentJob::AttachedFor(int32_t local_rank) const {
   if (trainer.channel != nullptr) {
     a.set_doorbell_shm_name(doorbell_memory_.name());
     a.set_doorbell_shm_bytes(static_cast<int64_t>(doorbell_memory_.size()));
-    a.set_channel_shm_name(trainer.channel_memory.name());
+    a.set_channel_shm_name(trainer.mapping->memory.name());
     a.set_channel_shm_bytes(
-        static_cast<int64_t>(trainer.channel_memory.size()));
+        static_cast<int64_t>(trainer.mapping->memory.size()));
   }
   return a;
 }
@@ -410,9 +410,7 @@ void AgentJob::OnDataPlaneConnected(
   }
   DataPlane::Callbacks callbacks;
   callbacks.op_done = [this](uint64_t id, absl::Status status) {
-    Post([this, id, status = std::move(status)]() mutable {
-      OnOpDone(id, std::move(status));
-    });
+    DeliverDone(id, std::move(status));
   };
   auto plane_ptr = std::make_shared<DataPlane*>(nullptr);
   callbacks.stopped = [this, plane_ptr](absl::Status status) {

@@ -270,7 +270,86 @@ void AgentJob::TrySubmit(PendingOp& pending) {
   }
   pending.generation = membership_->generation();
   pending.data_plane = data_plane_.get();
+  PrepareDelivery(pending);
   data_plane_->Submit(pending.op);
+}
+
+bool AgentJob::ChannelMapping::Complete(const ChannelEntry& entry) {
+  std::lock_guard<std::mutex> lock(completions_mu);
+  if (!channel->completions.Push(entry)) return false;
+  channel->completion_bell.Ring();
+  return true;
+}
+
+void AgentJob::PrepareDelivery(const PendingOp& pending) {
+  Delivery delivery;
+  for (size_t r = 0; r < pending.ranks.size(); ++r) {
+    const Trainer& trainer = trainers_[r];
+    if (!pending.ranks[r].present || !pending.ranks[r].via_channel ||
+        trainer.channel == nullptr || !trainer.sink || trainer.detached) {
+      continue;
+    }
+    delivery.targets.push_back(
+        {static_cast<int32_t>(r), trainer.mapping,
+         ChannelEntry{pending.index, 0, pending.step, pending.generation, 0}});
+  }
+  std::lock_guard<std::mutex> lock(deliveries_mu_);
+  deliveries_[pending.id] = std::move(delivery);
+}
+
+bool AgentJob::TakeDelivery(uint64_t id) {
+  std::lock_guard<std::mutex> lock(deliveries_mu_);
+  return deliveries_.erase(id) > 0;
+}
+
+bool AgentJob::AwaitsOpDone(uint64_t id) {
+  std::lock_guard<std::mutex> lock(deliveries_mu_);
+  return delivered_.contains(id);
+}
+
+void AgentJob::DeliverDone(uint64_t id, absl::Status status) {
+  bool delivered = false;
+  std::vector<int32_t> missed;
+  if (status.ok()) {
+    Delivery delivery;
+    {
+      std::lock_guard<std::mutex> lock(deliveries_mu_);
+      auto it = deliveries_.find(id);
+      if (it != deliveries_.end()) {
+        delivery = std::move(it->second);
+        deliveries_.erase(it);
+        // Before the trainers can hear of it: their next enqueue of this
+        // tensor waits for OnOpDone.
+        delivered_.insert(id);
+        delivered = true;
+      }
+    }
+    for (const Delivery::Target& target : delivery.targets) {
+      if (!target.mapping->Complete(target.entry)) {
+        missed.push_back(target.rank);
+      }
+    }
+  }
+  Post([this, id, status = std::move(status), delivered,
+        missed = std::move(missed)]() mutable {
+    OnOpDone(id, std::move(status), delivered, std::move(missed));
+  });
+}
+
+void AgentJob::RetryDeferred() {
+  if (deferred_.empty()) return;
+  std::vector<std::pair<int32_t, v1::EnqueueRequest>> deferred;
+  deferred.swap(deferred_);
+  for (auto& [rank, request] : deferred) {
+    const uint64_t current = op_of_tensor_[request.index()];
+    if (current != 0 && AwaitsOpDone(current)) {
+      deferred_.emplace_back(rank, std::move(request));
+      continue;
+    }
+    const Trainer& trainer = trainers_[rank];
+    if (!trainer.sink || trainer.detached) continue;
+    HandleEnqueue(trainer.sink.get(), request, /*via_channel=*/true);
+  }
 }
 
 void AgentJob::SubmitWaiting() {
@@ -286,7 +365,14 @@ void AgentJob::SubmitWaiting() {
   }
 }
 
-void AgentJob::OnOpDone(uint64_t id, absl::Status status) {
+void AgentJob::OnOpDone(uint64_t id, absl::Status status, bool delivered,
+                        std::vector<int32_t> missed) {
+  if (delivered) {
+    std::lock_guard<std::mutex> lock(deliveries_mu_);
+    delivered_.erase(id);
+  } else {
+    TakeDelivery(id);
+  }
   auto it = ops_.find(id);
   if (it == ops_.end()) return;
   PendingOp& pending = it->second;
@@ -309,10 +395,11 @@ void AgentJob::OnOpDone(uint64_t id, absl::Status status) {
       return;
     }
   }
-  FinishOp(pending, status);
+  FinishOp(pending, status, delivered, missed);
 }
 
-void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
+void AgentJob::Notify(PendingOp& pending, const absl::Status& status,
+                      bool delivered, const std::vector<int32_t>& missed) {
   const LocalTensor& tensor = *tensors_[pending.index];
   v1::TrainerEvent event;
   if (status.ok()) {
@@ -345,9 +432,14 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
     if (!trainer.sink || trainer.detached) continue;
     if (status.ok() && pending.ranks[r].via_channel &&
         trainer.channel != nullptr) {
-      ChannelEntry entry{pending.index, 0, pending.step, pending.generation, 0};
-      if (trainer.channel->completions.Push(entry)) {
-        trainer.channel->completion_bell.Ring();
+      if (delivered) {
+        // DeliverDone told it, unless its ring was full.
+        if (std::find(missed.begin(), missed.end(), static_cast<int32_t>(r)) ==
+            missed.end()) {
+          continue;
+        }
+      } else if (trainer.mapping->Complete(ChannelEntry{
+                     pending.index, 0, pending.step, pending.generation, 0})) {
         continue;
       }
     }
@@ -359,7 +451,8 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
   }
 }
 
-void AgentJob::FinishOp(PendingOp& pending, const absl::Status& status) {
+void AgentJob::FinishOp(PendingOp& pending, const absl::Status& status,
+                        bool delivered, const std::vector<int32_t>& missed) {
   const LocalTensor& tensor = *tensors_[pending.index];
   if (status.ok() && tensor.tensor_id >= 0) {
     const Clock::duration latency = Clock::now() - pending.first_enqueued;
@@ -372,7 +465,7 @@ void AgentJob::FinishOp(PendingOp& pending, const absl::Status& status) {
     l.total_us += us;
     l.max_us = std::max(l.max_us, us);
   }
-  Notify(pending, status);
+  Notify(pending, status, delivered, missed);
   ops_.erase(pending.id);
 }
 
@@ -382,6 +475,8 @@ void AgentJob::FailNow(PendingOp& pending, const absl::Status& status) {
     FinishOp(pending, status);
     return;
   }
+  // Already delivered as a success: its OnOpDone is on the way.
+  if (!TakeDelivery(pending.id)) return;
   Notify(pending, status);
   pending.notified = true;
   lease_of_tensor_[pending.index] = pending.id;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "common/thread_name.h"
 #include "glog/logging.h"
 
 namespace baton::agent {
@@ -23,8 +24,14 @@ CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::Channel> channel,
 CoordinatorClient::~CoordinatorClient() { Stop(); }
 
 void CoordinatorClient::Start() {
-  reader_ = std::thread([this] { Run(); });
-  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  reader_ = std::thread([this] {
+    SetThreadName("baton-coord");
+    Run();
+  });
+  heartbeat_ = std::thread([this] {
+    SetThreadName("baton-heartbeat");
+    HeartbeatLoop();
+  });
 }
 
 void CoordinatorClient::Stop() {

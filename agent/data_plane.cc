@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/reduce.h"
+#include "common/thread_name.h"
 #include "glog/logging.h"
 
 namespace baton::agent {
@@ -42,11 +43,17 @@ DataPlane::DataPlane(DataPlaneOptions options,
   }
   host_workers_ = workers_.size();
   threads_running_ = static_cast<int>(workers_.size()) + 1;
-  for (auto& worker : workers_) {
-    Worker* w = worker.get();
-    w->thread = std::thread([this, w] { WorkerLoop(w); });
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    Worker* w = workers_[i].get();
+    w->thread = std::thread([this, w, i] {
+      SetThreadName(absl::StrCat("baton-data-", i));
+      WorkerLoop(w);
+    });
   }
-  scheduler_ = std::thread([this] { SchedulerLoop(); });
+  scheduler_ = std::thread([this] {
+    SetThreadName("baton-schedule");
+    SchedulerLoop();
+  });
   if (device.comm != nullptr) AttachDevicesLocked(std::move(device));
 }
 
@@ -76,7 +83,10 @@ void DataPlane::AttachDevicesLocked(DeviceGroup device) {
   // Stopped already: the worker exits at once; the group is aborted like
   // one that was there when it stopped.
   if (stopped_ && drop_queued_) w->device->Abort(stop_status_);
-  w->thread = std::thread([this, w] { WorkerLoop(w); });
+  w->thread = std::thread([this, w] {
+    SetThreadName("baton-gpu");
+    WorkerLoop(w);
+  });
 }
 
 DataPlane::~DataPlane() {

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <thread>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "client/declaration.h"
 #include "common/shm.h"
 #include "common/shm_channel.h"
+#include "common/thread_name.h"
 #include "grpcpp/grpcpp.h"
 
 namespace baton {
@@ -88,14 +90,140 @@ absl::StatusOr<ClientOptions> ClientOptions::FromEnvironment() {
   return o;
 }
 
-bool Handle::Poll() const {
+namespace internal {
+
+// The consumer side of the trainer channel's completion ring. The client's
+// completer thread drains it while nobody waits; a thread in Handle::Wait
+// drains it itself, so a completion wakes the waiter directly instead of
+// the completer, which would then wake the waiter. One consumer at a time
+// (the ring has a single consumer).
+class CompletionRing {
+ public:
+  // `take` removes and returns the pending handle of (index, step), or null.
+  using Take =
+      std::function<std::shared_ptr<Handle>(int32_t index, int64_t step)>;
+
+  CompletionRing(TrainerChannel* channel, Take take)
+      : channel_(channel), take_(std::move(take)) {}
+
+  // Finishes the handles of every completion in the ring now, unless
+  // another thread is at it.
+  void TryDrain() {
+    std::unique_lock<std::mutex> lock(drain_mu_, std::try_to_lock);
+    if (lock.owns_lock() && !closed_) DrainLocked();
+  }
+
+  // Drains as completions arrive until `done()`, `deadline`, or Close().
+  void Await(const std::function<bool()>& done,
+             std::chrono::steady_clock::time_point deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++waiters_;
+    }
+    while (!done()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) break;
+      uint32_t seen = 0;
+      {
+        std::lock_guard<std::mutex> lock(drain_mu_);
+        if (closed_) break;
+        // Before popping: a completion pushed after the pop rings past it.
+        seen = channel_->completion_bell.Snapshot();
+        DrainLocked();
+      }
+      if (done()) break;
+      channel_->completion_bell.Wait(
+          seen, std::min<std::chrono::microseconds>(
+                    std::chrono::duration_cast<std::chrono::microseconds>(
+                        deadline - now),
+                    kLongestSleep));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--waiters_ == 0) cv_.notify_all();
+  }
+
+  // The completer thread: drains while no thread waits, until Close().
+  void Serve() {
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return waiters_ == 0 || stopping_; });
+        if (stopping_) return;
+      }
+      uint32_t seen = 0;
+      {
+        std::lock_guard<std::mutex> lock(drain_mu_);
+        if (closed_) return;
+        seen = channel_->completion_bell.Snapshot();
+        DrainLocked();
+      }
+      channel_->completion_bell.Wait(seen, kLongestSleep);
+    }
+  }
+
+  // A handle finished another way (a failure, the session's end): waiters
+  // blocked on the bell look again.
+  void Wake() { channel_->completion_bell.Ring(); }
+
+  // Before the channel is unmapped: nobody touches it after this returns
+  // (pending handles must be finished already, so waiters leave).
+  void Close() {
+    {
+      std::lock_guard<std::mutex> lock(drain_mu_);
+      closed_ = true;
+    }
+    channel_->completion_bell.Ring();
+    std::unique_lock<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return waiters_ == 0; });
+  }
+
+ private:
+  // Bounds every sleep on the bell, as a guard against a lost wake-up.
+  static constexpr std::chrono::microseconds kLongestSleep{100000};
+
+  void DrainLocked() {
+    ChannelEntry entry;
+    while (channel_->completions.Pop(&entry)) {
+      std::shared_ptr<Handle> handle = take_(entry.index, entry.step);
+      if (handle != nullptr) handle->Finish(absl::OkStatus(), entry.value);
+    }
+  }
+
+  TrainerChannel* const channel_;
+  const Take take_;
+  std::mutex drain_mu_;
+  bool closed_ = false;  // guarded by drain_mu_
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int waiters_ = 0;        // guarded by mu_
+  bool stopping_ = false;  // guarded by mu_
+};
+
+}  // namespace internal
+
+Handle::Handle(int32_t index, int64_t step,
+               std::shared_ptr<internal::CompletionRing> ring)
+    : index_(index), step_(step), ring_(std::move(ring)) {}
+
+Handle::~Handle() = default;
+
+bool Handle::Done() const {
   std::lock_guard<std::mutex> lock(mu_);
   return done_;
 }
 
+bool Handle::Poll() const {
+  if (ring_ != nullptr && !Done()) ring_->TryDrain();
+  return Done();
+}
+
 absl::Status Handle::Wait(std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (ring_ != nullptr) ring_->Await([this] { return Done(); }, deadline);
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [this] { return done_; })) {
+  if (!cv_.wait_until(lock, deadline, [this] { return done_; })) {
     return absl::DeadlineExceededError(
         absl::StrCat("tensor #", index_, " step ", step_,
                      " did not complete within ", timeout.count(), " ms"));
@@ -139,7 +267,10 @@ class Client::Impl {
     attach->set_scheduling(options.scheduling);
     attach->set_pid(getpid());
     if (!Write(request)) return AgentUnreachable(options.socket, "");
-    reader_ = std::thread([this] { ReadLoop(); });
+    reader_ = std::thread([this] {
+      SetThreadName("baton-reader");
+      ReadLoop();
+    });
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_for(lock, options.attach_timeout,
                       [this] { return attached_ || !stream_status_.ok(); })) {
@@ -155,8 +286,8 @@ class Client::Impl {
   ~Impl() {
     context_.TryCancel();
     if (reader_.joinable()) reader_.join();
-    stopping_ = true;
-    if (trainer_channel_ != nullptr) trainer_channel_->completion_bell.Ring();
+    // The reader finished every pending handle: waiters leave.
+    if (completions_ != nullptr) completions_->Close();
     if (completer_.joinable()) completer_.join();
   }
 
@@ -182,28 +313,20 @@ class Client::Impl {
     doorbell_ = reinterpret_cast<Doorbell*>(doorbell_memory_.data());
     trainer_channel_ =
         reinterpret_cast<TrainerChannel*>(channel_memory_.data());
-    completer_ = std::thread([this] { CompletionLoop(); });
-  }
-
-  // Completes handles from the channel's completion ring.
-  void CompletionLoop() {
-    while (!stopping_) {
-      const uint32_t seen = trainer_channel_->completion_bell.Snapshot();
-      ChannelEntry entry;
-      while (trainer_channel_->completions.Pop(&entry)) {
-        std::shared_ptr<Handle> handle;
-        {
+    completions_ = std::make_shared<internal::CompletionRing>(
+        trainer_channel_,
+        [this](int32_t index, int64_t step) -> std::shared_ptr<Handle> {
           std::lock_guard<std::mutex> lock(mu_);
-          auto it = handles_.find({entry.index, entry.step});
-          if (it == handles_.end()) continue;
-          handle = std::move(it->second);
+          auto it = handles_.find({index, step});
+          if (it == handles_.end()) return nullptr;
+          std::shared_ptr<Handle> handle = std::move(it->second);
           handles_.erase(it);
-        }
-        handle->Finish(absl::OkStatus(), entry.value);
-      }
-      trainer_channel_->completion_bell.Wait(seen,
-                                             std::chrono::milliseconds(100));
-    }
+          return handle;
+        });
+    completer_ = std::thread([this] {
+      SetThreadName("baton-complete");
+      completions_->Serve();
+    });
   }
 
   bool Write(v1::TrainerRequest& request) {
@@ -226,6 +349,7 @@ class Client::Impl {
       cv_.notify_all();
     }
     for (auto& [key, handle] : handles) handle->Finish(lost, 0);
+    if (completions_ != nullptr) completions_->Wake();
   }
 
   // What every call still waiting on the session gets once the stream
@@ -278,6 +402,8 @@ class Client::Impl {
                            event.failed().message()),
               event.failed().generation());
         }
+        // A waiter may be asleep on the channel's bell.
+        if (completions_ != nullptr) completions_->Wake();
         break;
       }
       default:
@@ -303,7 +429,7 @@ class Client::Impl {
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(const Tensor& tensor,
                                                   int64_t step, bool average,
                                                   int32_t root) {
-    auto handle = std::make_shared<Handle>(tensor.index(), step);
+    auto handle = std::make_shared<Handle>(tensor.index(), step, completions_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!stream_status_.ok()) return stream_status_;
@@ -369,8 +495,8 @@ class Client::Impl {
   SharedMemory channel_memory_;
   Doorbell* doorbell_ = nullptr;
   TrainerChannel* trainer_channel_ = nullptr;
+  std::shared_ptr<internal::CompletionRing> completions_;
   std::thread completer_;
-  std::atomic<bool> stopping_{false};
   bool shm_channel_wanted_ = true;
 };
 

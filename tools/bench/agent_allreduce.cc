@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include "baton/client.h"
@@ -28,7 +29,10 @@ DEFINE_int32(runs, 0,
              "--iterations each");
 DEFINE_string(ops, "allreduce",
               "with --runs: comma-separated allreduce (push_pull, sum), "
-              "broadcast (from rank 0)");
+              "broadcast (from rank 0); without: the one op to time");
+DEFINE_int32(linger_ms, 0,
+             "stay attached this long after the timed push_pulls, so that "
+             "batonctl timeline can still read the job from the agents");
 
 namespace baton {
 namespace {
@@ -155,7 +159,16 @@ int Main() {
   spec.set_name("bench");
   spec.set_dtype(v1::DATA_TYPE_FLOAT32);
   spec.add_shape(FLAGS_bytes / 4);
-  spec.set_op(v1::COLLECTIVE_OP_PUSH_PULL);
+  const bool broadcast = FLAGS_ops == "broadcast";
+  if (!broadcast && FLAGS_ops != "allreduce") {
+    std::fprintf(stderr,
+                 "agent_allreduce: --ops=%s: without --runs give allreduce or "
+                 "broadcast\n",
+                 FLAGS_ops.c_str());
+    return 2;
+  }
+  spec.set_op(broadcast ? v1::COLLECTIVE_OP_BROADCAST
+                        : v1::COLLECTIVE_OP_PUSH_PULL);
   auto tensors = (*client)->Declare({spec});
   if (!tensors.ok()) {
     std::fprintf(stderr, "agent_allreduce: %s\n",
@@ -167,7 +180,8 @@ int Main() {
   std::vector<int64_t> micros;
   for (int i = 0; i < FLAGS_warmup + FLAGS_iterations; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    auto handle = (*client)->PushPullAsync(tensor, i, false);
+    auto handle = broadcast ? (*client)->BroadcastAsync(tensor, i, 0)
+                            : (*client)->PushPullAsync(tensor, i, false);
     absl::Status status = handle.ok() ? (*handle)->Wait(std::chrono::minutes(2))
                                       : handle.status();
     if (!status.ok()) {
@@ -180,14 +194,18 @@ int Main() {
                         .count();
     if (i >= FLAGS_warmup) micros.push_back(us);
   }
-  const float expected = static_cast<float>((*client)->size());
-  if (reinterpret_cast<const float*>(tensor.output())[0] != expected) {
+  const float expected =
+      broadcast ? 1.0f : static_cast<float>((*client)->size());
+  const bool root = broadcast && (*client)->rank() == 0;
+  if (!root && reinterpret_cast<const float*>(tensor.output())[0] != expected) {
     std::fprintf(stderr, "agent_allreduce: wrong result\n");
     return 4;
   }
   if ((*client)->rank() == 0) {
     bench::PrintTimings("agent", FLAGS_bytes, (*client)->size(), micros);
+    std::fflush(stdout);
   }
+  std::this_thread::sleep_for(std::chrono::milliseconds(FLAGS_linger_ms));
   (*client)->Detach(true).IgnoreError();
   return 0;
 }

@@ -11,8 +11,10 @@
 namespace baton::bench {
 
 // Prints one JSON line summarizing per-iteration times of an allreduce of
-// `bytes` over `ranks` ranks: percentiles and the bus bandwidth of the median
-// (2 (n-1)/n bytes per rank moved per allreduce, as nccl-tests defines it).
+// `bytes` over `ranks` ranks: percentiles, the mean, the share of iterations
+// over 2 ms (the tail that makes a mean differ from the median) and the bus
+// bandwidth of the median (2 (n-1)/n bytes per rank moved per allreduce, as
+// nccl-tests defines it).
 inline void PrintTimings(const char* path, int64_t bytes, int ranks,
                          std::vector<int64_t> micros) {
   std::sort(micros.begin(), micros.end());
@@ -21,15 +23,23 @@ inline void PrintTimings(const char* path, int64_t bytes, int ranks,
                            static_cast<size_t>(q * micros.size()))];
   };
   const int64_t median = at(0.5);
+  int64_t total = 0;
+  size_t over_2ms = 0;
+  for (int64_t us : micros) {
+    total += us;
+    if (us > 2000) ++over_2ms;
+  }
+  const double mean = static_cast<double>(total) / micros.size();
   const double factor = ranks > 1 ? 2.0 * (ranks - 1) / ranks : 1.0;
   const double busbw_gbps =
       median > 0 ? factor * static_cast<double>(bytes) / median / 1e3 : 0;
-  std::printf("{\"path\":\"%s\",\"bytes\":%" PRId64
-              ",\"ranks\":%d,\"iterations\":%zu,"
-              "\"p50_us\":%" PRId64 ",\"p99_us\":%" PRId64
-              ",\"min_us\":%" PRId64 ",\"busbw_gbps\":%.3f}\n",
-              path, bytes, ranks, micros.size(), median, at(0.99),
-              micros.front(), busbw_gbps);
+  std::printf(
+      "{\"path\":\"%s\",\"bytes\":%" PRId64
+      ",\"ranks\":%d,\"iterations\":%zu,"
+      "\"p50_us\":%" PRId64 ",\"p99_us\":%" PRId64 ",\"min_us\":%" PRId64
+      ",\"mean_us\":%.0f,\"over_2ms\":%.3f,\"busbw_gbps\":%.3f}\n",
+      path, bytes, ranks, micros.size(), median, at(0.99), micros.front(), mean,
+      static_cast<double>(over_2ms) / micros.size(), busbw_gbps);
   std::fflush(stdout);
 }
 

@@ -42,8 +42,13 @@ struct ClientOptions {
   static absl::StatusOr<ClientOptions> FromEnvironment();
 };
 
-// A pending collective. Thread-safe; completed exactly once by the client's
-// reader thread.
+namespace internal {
+class CompletionRing;
+}  // namespace internal
+
+// A pending collective. Thread-safe; completed exactly once, by the client's
+// threads or, on the shared-memory channel, by the thread that waits for it
+// (it takes the completion from the ring itself: one thread wake-up fewer).
 class Handle {
  public:
   // True once the operation finished (either way).
@@ -58,13 +63,19 @@ class Handle {
   // The generation the agent ran it in (after completion).
   int64_t generation() const;
 
-  // Internal: the client's reader thread finishes handles.
-  Handle(int32_t index, int64_t step) : index_(index), step_(step) {}
+  // Internal: the client creates and finishes handles.
+  Handle(int32_t index, int64_t step,
+         std::shared_ptr<internal::CompletionRing> ring = nullptr);
+  ~Handle();
   void Finish(absl::Status status, int64_t generation);
 
  private:
+  bool Done() const;
+
   const int32_t index_;
   const int64_t step_;
+  // The channel's completions, when the client has the channel.
+  const std::shared_ptr<internal::CompletionRing> ring_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool done_ = false;

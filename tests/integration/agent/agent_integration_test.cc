@@ -137,6 +137,27 @@ TEST(AgentIntegrationTest, NodesFinishingFirstLetThePeersCompleteTheLastStep) {
   ExpectAllPass(cluster, cluster.WaitTrainers(absl::Minutes(1)));
 }
 
+// Completions reach the trainers from the data plane's thread, before the
+// agent's job thread retired the operation: a local rank that enqueues the
+// next step at once must wait for that, not count as a second enqueue of
+// the previous step. One node with three trainers (small operations run
+// inline) and two nodes, many short steps each.
+TEST(AgentIntegrationTest, LocalRanksThatEnqueueTheNextStepAtOnceGetItsResult) {
+  LocalCluster cluster;
+  ASSERT_TRUE(cluster.Start(2).ok());
+  ASSERT_TRUE(
+      cluster
+          .StartTrainers("eager1", {3},
+                         {"--scenario=loop", "--count=16", "--steps=300"})
+          .ok());
+  ASSERT_TRUE(
+      cluster
+          .StartTrainers("eager2", {2, 3},
+                         {"--scenario=loop", "--count=1024", "--steps=200"})
+          .ok());
+  ExpectAllPass(cluster, cluster.WaitTrainers(absl::Minutes(2)));
+}
+
 // Fields of one launch trace line ("generation=1 seq=0 tensor=3 ...").
 int64_t Field(const std::string& line, const std::string& name) {
   for (absl::string_view part : absl::StrSplit(line, ' ')) {
