@@ -317,23 +317,29 @@ void AgentJob::ConnectDataPlane() {
   request.prefix = m.store_prefix() +
                    (absl::EndsWith(m.store_prefix(), "/") ? "" : "/") + "data";
   request.store = env_.store_factory(name_, m.generation());
-  // One negotiation communicator plus the data communicators.
-  request.count = 1 + config_.data_channels;
+  request.count = config_.data_channels;
   request.timeout = config_.op_timeout;
   const int64_t generation = m.generation();
   connectors_.emplace_back([this, request, generation]() mutable {
-    // std::function needs a copyable task: share the move-only result.
+    // std::function needs a copyable task: share the move-only result:
+    // the negotiation's communicator first, then the data communicators.
     auto comms = std::make_shared<
         absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>>(
         absl::UnavailableError("not connected"));
     // Node rank 0's --data_channels holds for everyone, so agents started
     // with different values still build the same communicators.
     absl::StatusOr<int> channels = AgreeOnChannels(request);
-    if (channels.ok()) {
-      request.count = 1 + *channels;
+    absl::StatusOr<std::unique_ptr<Communicator>> negotiation =
+        channels.ok() ? env_.transport->ConnectNegotiation(request)
+                      : channels.status();
+    if (negotiation.ok()) {
+      request.count = *channels;
       *comms = env_.transport->Connect(request);
+      if (comms->ok()) {
+        (*comms)->insert((*comms)->begin(), std::move(negotiation).value());
+      }
     } else {
-      *comms = channels.status();
+      *comms = negotiation.status();
     }
     Post([this, generation, comms] {
       OnDataPlaneConnected(generation, std::move(*comms));

@@ -115,6 +115,12 @@ class Transport {
   // a connection error.
   virtual absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> Connect(
       const ConnectRequest& request) = 0;
+
+  // Connects the scheduler's negotiation rounds among the nodes: one
+  // communicator on which ExchangeMin, AwaitRound and Interrupt work (the
+  // collectives do not); request.count is ignored. Errors like Connect.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> ConnectNegotiation(
+      const ConnectRequest& request) = 0;
 };
 
 }  // namespace baton::agent

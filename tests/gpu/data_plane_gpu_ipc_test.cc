@@ -155,9 +155,11 @@ class DataPlaneIpcTest : public ::testing::Test {
       agent.ready = std::move(*ready);
     }
 
-    // Negotiation, one data channel, and the host stage between agents.
+    // The negotiation (its own TCP connections); one data channel and the
+    // host stage between agents over gloo.
     gloo_ = std::make_unique<Cluster>(agents);
-    ASSERT_TRUE(gloo_->Connect(staged ? 3 : 2));
+    ASSERT_TRUE(gloo_->ConnectNegotiation());
+    ASSERT_TRUE(gloo_->Connect(staged ? 2 : 1));
     std::vector<std::unique_ptr<DeviceCommunicator>> device_comms(agents);
     if (cross_node == GpuCrossNode::kNccl) {
       // One GPU: NCCL takes one rank per GPU, so one node.
@@ -202,15 +204,15 @@ class DataPlaneIpcTest : public ::testing::Test {
       };
       auto& comms = gloo_->communicators[a];
       std::vector<std::unique_ptr<Communicator>> data;
-      data.push_back(std::move(comms[1]));
+      data.push_back(std::move(comms[0]));
       DeviceGroup group;
       group.cross_node = cross_node;
       group.comm = std::move(device_comms[a]);
       group.memory = agent->memory.get();
-      if (staged) group.host = std::move(comms[2]);
-      agent->plane = std::make_unique<DataPlane>(options, std::move(comms[0]),
-                                                 std::move(data), callbacks,
-                                                 std::move(group));
+      if (staged) group.host = std::move(comms[1]);
+      agent->plane = std::make_unique<DataPlane>(
+          options, std::move(gloo_->negotiations[a]), std::move(data),
+          callbacks, std::move(group));
       agent->plane->SetKnownTensors(kTensors * 3);
     }
   }

@@ -150,9 +150,9 @@ class DirectAllreduce {
 };
 
 // The agent's path: the DataPlane of a one-node job over every local GPU,
-// as baton-agent builds it with --gpu_cross_node=nccl: the negotiation and
-// one data channel over gloo on loopback (one node negotiates with nobody,
-// but the scheduler's rounds still run), and a DeviceGroup whose NCCL group
+// as baton-agent builds it with --gpu_cross_node=nccl: the negotiation's
+// connections and one gloo data channel on loopback (one node negotiates
+// with nobody), and a DeviceGroup whose NCCL group
 // comes from NcclTransport::ConnectDevices. The buffers are this process's
 // own: no CUDA IPC, no ready events.
 class DataPlaneAllreduce {
@@ -174,7 +174,10 @@ class DataPlaneAllreduce {
     if (!gloo.ok()) return gloo.status();
     gloo_ = std::move(*gloo);
     request.prefix = "baton-gpu-bench/gloo/";
-    request.count = 2;  // the negotiation, one data channel
+    request.count = 1;  // one data channel
+    absl::StatusOr<std::unique_ptr<Communicator>> negotiation =
+        gloo_->ConnectNegotiation(request);
+    if (!negotiation.ok()) return negotiation.status();
     absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> host =
         gloo_->Connect(request);
     if (!host.ok()) return host.status();
@@ -192,11 +195,11 @@ class DataPlaneAllreduce {
       done_status_ = std::move(status);
     };
     std::vector<std::unique_ptr<Communicator>> data;
-    data.push_back(std::move((*host)[1]));
+    data.push_back(std::move((*host)[0]));
     DeviceGroup group;
     group.cross_node = GpuCrossNode::kNccl;
     group.comm = std::move((*device)[0]);
-    plane_ = std::make_unique<DataPlane>(options, std::move((*host)[0]),
+    plane_ = std::make_unique<DataPlane>(options, std::move(*negotiation),
                                          std::move(data), callbacks,
                                          std::move(group));
     plane_->SetKnownTensors(1);

@@ -20,11 +20,11 @@
 #include "absl/strings/str_join.h"
 #include "agent/reduce.h"
 #include "agent/transport/gloo/gloo_store.h"
+#include "agent/transport/tcp_rounds.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
-#include "gloo/transport/unbound_buffer.h"
 
 namespace baton::agent {
 namespace {
@@ -67,15 +67,6 @@ uint32_t WireTag(uint32_t tag, size_t bytes, int dtype) {
   h ^= h >> 29;
   return tag ^ static_cast<uint32_t>(h >> 32);
 }
-
-// The slot of the negotiation rounds' messages: apart from every slot gloo's
-// collectives use (their prefixes are 0x01..0x0b).
-constexpr uint64_t kRoundSlot = uint64_t{0xba} << 56;
-
-// AwaitRound waits for a peer without a time limit; gloo's wait takes one,
-// and one that expires poisons the context.
-constexpr std::chrono::milliseconds kAwaitRoundLimit =
-    std::chrono::hours(24 * 365);
 
 // What an exception from gloo says.
 std::string CurrentExceptionText() {
@@ -200,7 +191,7 @@ absl::StatusOr<std::unique_ptr<GlooTransport>> GlooTransport::Create(
       std::shared_ptr<gloo::transport::Device> device =
           gloo::transport::tcp::CreateDevice(attr);
       return std::unique_ptr<GlooTransport>(
-          new GlooTransport(std::move(device), options));
+          new GlooTransport(std::move(device), address, options));
     } catch (...) {
       absl::StrAppend(&errors, errors.empty() ? "" : "; ", address, ": ",
                       CurrentExceptionText());
@@ -211,8 +202,18 @@ absl::StatusOr<std::unique_ptr<GlooTransport>> GlooTransport::Create(
 }
 
 GlooTransport::GlooTransport(std::shared_ptr<gloo::transport::Device> device,
-                             Options options)
-    : device_(std::move(device)), options_(options) {}
+                             std::string address, Options options)
+    : device_(std::move(device)),
+      address_(std::move(address)),
+      options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Communicator>> GlooTransport::ConnectNegotiation(
+    const ConnectRequest& request) {
+  absl::StatusOr<std::unique_ptr<TcpRounds>> rounds =
+      TcpRounds::Connect(request, address_);
+  if (!rounds.ok()) return rounds.status();
+  return std::unique_ptr<Communicator>(std::move(rounds).value());
+}
 
 GlooTransport::~GlooTransport() = default;
 
@@ -259,17 +260,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::Context> context,
       size_(context_->size),
       max_segment_bytes_(max_segment_bytes) {}
 
-GlooCommunicator::~GlooCommunicator() {
-  // Receives posted into round_data_ must not outlive it: gloo's event loop
-  // would write a late vector into freed memory.
-  if (round_count_ != 0) {
-    try {
-      context_->closeConnections();
-    } catch (...) {
-      // Already closed.
-    }
-  }
-}
+GlooCommunicator::~GlooCommunicator() = default;
 
 std::string GlooCommunicator::Describe() const {
   return absl::StrCat("communicator ", name_, " of ", size_,
@@ -357,129 +348,21 @@ absl::Status GlooCommunicator::AllreduceSum(void* data, size_t count,
   });
 }
 
-void GlooCommunicator::PostRound(size_t count) {
-  if (round_count_ == count) return;
-  if (round_count_ != 0) {
-    throw std::invalid_argument(absl::StrCat(
-        "a negotiation round of ", count, " words asked for while one of ",
-        round_count_, " words is under way"));
-  }
-  const size_t words = static_cast<size_t>(size_) * count;
-  if (round_data_.size() < words) {
-    // Grows by doubling: the count follows the job's tensors.
-    absl::MutexLock lock(&round_mu_);
-    round_buffer_.reset();
-    round_data_.assign(std::max(words, 2 * round_data_.size()), 0);
-    round_buffer_ = context_->createUnboundBuffer(
-        round_data_.data(), round_data_.size() * sizeof(int64_t));
-  }
-  const size_t bytes = count * sizeof(int64_t);
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    round_buffer_->recv(peer, kRoundSlot, peer * bytes, bytes);
-  }
-  round_count_ = count;
-  round_received_ = 0;
+absl::StatusOr<bool> GlooCommunicator::AwaitRound(size_t) {
+  return absl::UnimplementedError(
+      absl::StrCat("waiting for a negotiation round on ", Describe(),
+                   ": negotiation rounds run on their own connections "
+                   "(GlooTransport::ConnectNegotiation)"));
 }
 
-absl::StatusOr<bool> GlooCommunicator::AwaitRound(size_t count) {
-  if (absl::Status usable = CheckUsable(CollectiveOptions()); !usable.ok()) {
-    return usable;
-  }
-  if (count == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "waiting for a negotiation round of 0 words on ", Describe()));
-  }
-  if (size_ == 1) return false;  // nobody else can start one
-  bool started = false;
-  const absl::Status status = Run("waiting for a negotiation round", [&] {
-    PostRound(count);
-    gloo::transport::UnboundBuffer* buffer = nullptr;
-    {
-      absl::MutexLock lock(&round_mu_);
-      if (interrupted_) {
-        interrupted_ = false;
-        return;
-      }
-      buffer = round_buffer_.get();
-    }
-    if (round_received_ > 0) {
-      started = true;  // an earlier call already saw the first vector
-      return;
-    }
-    if (buffer->waitRecv(nullptr, kAwaitRoundLimit)) {
-      ++round_received_;
-      started = true;
-      return;
-    }
-    absl::MutexLock lock(&round_mu_);
-    interrupted_ = false;
-  });
-  if (!status.ok()) return status;
-  return started;
-}
+void GlooCommunicator::Interrupt() {}
 
-void GlooCommunicator::Interrupt() {
-  absl::MutexLock lock(&round_mu_);
-  interrupted_ = true;
-  if (round_buffer_ != nullptr) round_buffer_->abortWaitRecv();
-}
-
-absl::Status GlooCommunicator::ExchangeMin(int64_t* data, size_t count,
-                                           const CollectiveOptions& options) {
-  if (absl::Status usable = CheckUsable(options); !usable.ok()) return usable;
-  if (count == 0) return absl::OkStatus();
-  if (data == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("negotiation round of ", count, " int64 on ", Describe(),
-                     ": data is null"));
-  }
-  if (count > std::numeric_limits<size_t>::max() / sizeof(int64_t) / size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("negotiation round of ", count, " int64 on ", Describe(),
-                     ": the size overflows"));
-  }
-  if (size_ == 1) return absl::OkStatus();
-  const std::string what = absl::StrCat(
-      "negotiation round of ", count * sizeof(int64_t), " bytes (int64)");
-  return Run(what, [&] {
-    const Clock::time_point deadline = Clock::now() + options.timeout;
-    const auto left = [&] {
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - Clock::now());
-      if (ms <= std::chrono::milliseconds(0)) {
-        throw std::runtime_error(
-            absl::StrCat("Timed out after ", options.timeout.count(),
-                         " ms waiting for the other nodes' vectors"));
-      }
-      return ms;
-    };
-    PostRound(count);
-    gloo::transport::UnboundBuffer* buffer = nullptr;
-    {
-      absl::MutexLock lock(&round_mu_);
-      buffer = round_buffer_.get();
-    }
-    const size_t bytes = count * sizeof(int64_t);
-    int64_t* own = round_data_.data() + static_cast<size_t>(rank_) * count;
-    std::copy(data, data + count, own);
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer != rank_) buffer->send(peer, kRoundSlot, rank_ * bytes, bytes);
-    }
-    // A false return is an Interrupt() meant for AwaitRound: wait on.
-    while (round_received_ < size_ - 1) {
-      if (buffer->waitRecv(nullptr, left())) ++round_received_;
-    }
-    for (int sent = 0; sent < size_ - 1;) {
-      if (buffer->waitSend(nullptr, left())) ++sent;
-    }
-    for (int peer = 0; peer < size_; ++peer) {
-      const int64_t* theirs =
-          round_data_.data() + static_cast<size_t>(peer) * count;
-      for (size_t i = 0; i < count; ++i) data[i] = std::min(data[i], theirs[i]);
-    }
-    round_count_ = 0;
-  });
+absl::Status GlooCommunicator::ExchangeMin(int64_t*, size_t,
+                                           const CollectiveOptions&) {
+  return absl::UnimplementedError(
+      absl::StrCat("negotiation round on ", Describe(),
+                   ": negotiation rounds run on their own connections "
+                   "(GlooTransport::ConnectNegotiation)"));
 }
 
 absl::Status GlooCommunicator::Broadcast(void* data, size_t bytes, int root,

@@ -18,7 +18,6 @@ namespace gloo {
 class Context;
 namespace transport {
 class Device;
-class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 
@@ -68,13 +67,20 @@ class GlooTransport : public Transport {
   absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> Connect(
       const ConnectRequest& request) override;
 
+  // The rounds on connections of their own (TcpRounds), on the device's
+  // address.
+  absl::StatusOr<std::unique_ptr<Communicator>> ConnectNegotiation(
+      const ConnectRequest& request) override;
+
  private:
   GlooTransport(std::shared_ptr<gloo::transport::Device> device,
-                Options options);
+                std::string address, Options options);
 
   // Constant after construction. gloo's connectFullMesh takes the device by
   // non-const reference and keeps a copy in each context.
   const std::shared_ptr<gloo::transport::Device> device_;
+  // The numeric address the device is bound to.
+  const std::string address_;
   const Options options_;
 };
 
@@ -93,6 +99,8 @@ class GlooTransport : public Transport {
 //   address), DEADLINE_EXCEEDED for a step that timed out. Nodes that
 //   disagree on an operation's size or data type fail it (usually with a
 //   timeout) rather than exchange mismatched data.
+// - Negotiation rounds are UNIMPLEMENTED: they run on connections of their
+//   own (ConnectNegotiation, TcpRounds).
 // - poisoned() may be called from any thread.
 class GlooCommunicator : public Communicator {
  public:
@@ -127,9 +135,6 @@ class GlooCommunicator : public Communicator {
   absl::Status Run(const std::string& what, Op&& op);
   // "communicator c1 of 3 nodes (node rank 0)".
   std::string Describe() const;
-  // Posts the receives of the current negotiation round (one `count`-word
-  // vector from each peer) unless they are posted; throws like gloo.
-  void PostRound(size_t count);
 
   // Constant after construction.
   const std::shared_ptr<gloo::Context> context_;
@@ -142,22 +147,6 @@ class GlooCommunicator : public Communicator {
   mutable absl::Mutex mu_;
   // The error that poisoned this communicator.
   absl::Status poison_ ABSL_GUARDED_BY(mu_);
-
-  // Negotiation rounds (ExchangeMin, AwaitRound): every member sends its
-  // vector straight to every other member, so a round costs one message
-  // latency. round_data_ holds size_ vectors of the round's count, member r
-  // at r x count; this member's own slot is what it sends. Used by the
-  // thread that runs the rounds; the buffer pointer is also read by
-  // Interrupt, under round_mu_.
-  std::vector<int64_t> round_data_;
-  // The count whose receives are posted (0: none posted).
-  size_t round_count_ = 0;
-  // Peers' vectors of the current round received so far.
-  int round_received_ = 0;
-  absl::Mutex round_mu_;
-  std::unique_ptr<gloo::transport::UnboundBuffer> round_buffer_
-      ABSL_GUARDED_BY(round_mu_);
-  bool interrupted_ ABSL_GUARDED_BY(round_mu_) = false;
 };
 
 }  // namespace baton::agent

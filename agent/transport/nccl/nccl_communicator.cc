@@ -434,17 +434,17 @@ absl::Status NcclCommunicator::Broadcast(void* data, size_t bytes, int root,
 
 absl::Status NcclCommunicator::ExchangeMin(int64_t*, size_t,
                                            const CollectiveOptions&) {
-  return absl::UnimplementedError(absl::StrCat(
-      "negotiation round on ", Describe(),
-      ": negotiation runs on a gloo communicator over host memory, never on "
-      "NCCL"));
+  return absl::UnimplementedError(
+      absl::StrCat("negotiation round on ", Describe(),
+                   ": negotiation rounds run on their own TCP connections "
+                   "(Transport::ConnectNegotiation), never on NCCL"));
 }
 
 absl::StatusOr<bool> NcclCommunicator::AwaitRound(size_t) {
-  return absl::UnimplementedError(absl::StrCat(
-      "waiting for a negotiation round on ", Describe(),
-      ": negotiation runs on a gloo communicator over host memory, never on "
-      "NCCL"));
+  return absl::UnimplementedError(
+      absl::StrCat("waiting for a negotiation round on ", Describe(),
+                   ": negotiation rounds run on their own TCP connections "
+                   "(Transport::ConnectNegotiation), never on NCCL"));
 }
 
 }  // namespace baton::agent

@@ -77,8 +77,8 @@ absl::Status CudaError(gpu::GpuApi& api, const std::string& what, int device,
 //   peers) and poisons this communicator. Invalid arguments are
 //   INVALID_ARGUMENT and poison nothing.
 // - ExchangeMin and AwaitRound return UNIMPLEMENTED: the scheduler's
-//   negotiation runs on a gloo communicator over host memory. Interrupt()
-//   does nothing.
+//   negotiation rounds run on their own TCP connections
+//   (Transport::ConnectNegotiation). Interrupt() does nothing.
 // - The destructor aborts the NCCL communicators rather than destroying them:
 //   ncclCommDestroy flushes outstanding work, which can wait for peers that
 //   are gone, and a generation change must never hang.

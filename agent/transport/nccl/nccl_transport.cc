@@ -308,6 +308,13 @@ NcclTransport::ConnectDevices(const ConnectRequest& request) {
   return communicators;
 }
 
+absl::StatusOr<std::unique_ptr<Communicator>> NcclTransport::ConnectNegotiation(
+    const ConnectRequest&) {
+  return absl::UnimplementedError(
+      "negotiation rounds run on host TCP connections "
+      "(GlooTransport::ConnectNegotiation), never on NCCL");
+}
+
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>
 NcclTransport::Connect(const ConnectRequest& request) {
   absl::StatusOr<std::vector<std::unique_ptr<DeviceCommunicator>>> connected =

@@ -57,6 +57,10 @@ class NcclTransport : public Transport, public DeviceTransport {
   // communicator is returned and nothing is left initialized.
   absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> Connect(
       const ConnectRequest& request) override;
+  // UNIMPLEMENTED: the negotiation runs on host TCP connections
+  // (GlooTransport::ConnectNegotiation), never on NCCL.
+  absl::StatusOr<std::unique_ptr<Communicator>> ConnectNegotiation(
+      const ConnectRequest& request) override;
   // The same, typed.
   absl::StatusOr<std::vector<std::unique_ptr<DeviceCommunicator>>>
   ConnectDevices(const ConnectRequest& request) override;

@@ -1,5 +1,6 @@
 // The scheduler's pieces: the negotiation vector, the launch queue, and the
-// data plane run as N nodes (threads) over real gloo on loopback.
+// data plane run as N nodes (threads) over real gloo and negotiation rounds
+// (TcpRounds) on loopback.
 #include <algorithm>
 #include <cstdio>
 #include <future>
@@ -183,7 +184,8 @@ class DataPlaneTest : public ::testing::Test {
  protected:
   void Start(int nodes, DataPlaneOptions base) {
     cluster_ = std::make_unique<Cluster>(nodes);
-    ASSERT_TRUE(cluster_->Connect(3));
+    ASSERT_TRUE(cluster_->ConnectNegotiation());
+    ASSERT_TRUE(cluster_->Connect(2));
     for (int rank = 0; rank < nodes; ++rank) {
       auto node = std::make_unique<Node>();
       node->trace = std::tmpfile();
@@ -205,10 +207,10 @@ class DataPlaneTest : public ::testing::Test {
         n->stopped = status;
       };
       auto& comms = cluster_->communicators[rank];
-      auto negotiation = std::move(comms[0]);
+      auto negotiation = std::move(cluster_->negotiations[rank]);
       std::vector<std::unique_ptr<Communicator>> data;
+      data.push_back(std::move(comms[0]));
       data.push_back(std::move(comms[1]));
-      data.push_back(std::move(comms[2]));
       node->plane = std::make_unique<DataPlane>(options, std::move(negotiation),
                                                 std::move(data), callbacks);
       nodes_.push_back(std::move(node));

@@ -2,8 +2,9 @@
 // CUDA IPC, scheduled like host tensors, reduced by NCCL (one group over
 // every GPU, or the hierarchical path with gloo between the nodes). Nodes
 // are threads with a fake CUDA runtime and NCCL each (fake_gpu_api.h) that
-// really reduce the buffers, real gloo on loopback for the negotiation and
-// the host stage, and the real CUDA IPC device memory over the fake.
+// really reduce the buffers, the real negotiation rounds (TcpRounds) and real
+// gloo for the host stage on loopback, and the real CUDA IPC device memory
+// over the fake.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -77,8 +78,10 @@ class DataPlaneGpuTest : public ::testing::Test {
     cross_node_ = cross_node;
     fake_ = std::make_unique<FakeCluster>(std::vector<int>(nodes, devices));
     gloo_ = std::make_unique<Cluster>(nodes);
-    // Negotiation, one data channel, the hierarchical path's host stage.
-    ASSERT_TRUE(gloo_->Connect(3));
+    // The negotiation; one data channel and the hierarchical path's host
+    // stage.
+    ASSERT_TRUE(gloo_->ConnectNegotiation());
+    ASSERT_TRUE(gloo_->Connect(2));
     std::vector<int> ordinals;
     for (int d = 0; d < devices; ++d) ordinals.push_back(d);
     const size_t bytes = static_cast<size_t>(elements) * sizeof(float);
@@ -152,21 +155,21 @@ class DataPlaneGpuTest : public ::testing::Test {
       callbacks.stopped = [](absl::Status) {};
       auto& comms = gloo_->communicators[n];
       std::vector<std::unique_ptr<Communicator>> data;
-      data.push_back(std::move(comms[1]));
+      data.push_back(std::move(comms[0]));
       DeviceGroup group;
       group.cross_node = cross_node;
       group.comm = std::move(device_comms[n]);
       group.memory = node->memory.get();
       if (cross_node == GpuCrossNode::kGloo && nodes > 1) {
-        group.host = std::move(comms[2]);
+        group.host = std::move(comms[1]);
       }
       if (attach_later) {
         groups[n] = std::move(group);
         group = DeviceGroup{};
       }
-      node->plane = std::make_unique<DataPlane>(options, std::move(comms[0]),
-                                                std::move(data), callbacks,
-                                                std::move(group));
+      node->plane = std::make_unique<DataPlane>(
+          options, std::move(gloo_->negotiations[n]), std::move(data),
+          callbacks, std::move(group));
       node->plane->SetKnownTensors(8);
     }
     if (attach_later) {
@@ -429,7 +432,8 @@ TEST_F(DataPlaneGpuTest, AbortEndsAnNcclCollectiveInFlightAtOnce) {
 
 TEST_F(DataPlaneGpuTest, CudaTensorWithoutGpuCommunicatorsFails) {
   Cluster gloo(1);
-  ASSERT_TRUE(gloo.Connect(2));
+  ASSERT_TRUE(gloo.ConnectNegotiation());
+  ASSERT_TRUE(gloo.Connect(1));
   DataPlaneOptions options;
   options.job = "cpu";
   std::mutex mu;
@@ -444,8 +448,8 @@ TEST_F(DataPlaneGpuTest, CudaTensorWithoutGpuCommunicatorsFails) {
     cv.notify_all();
   };
   std::vector<std::unique_ptr<Communicator>> data;
-  data.push_back(std::move(gloo.communicators[0][1]));
-  DataPlane plane(options, std::move(gloo.communicators[0][0]), std::move(data),
+  data.push_back(std::move(gloo.communicators[0][0]));
+  DataPlane plane(options, std::move(gloo.negotiations[0]), std::move(data),
                   callbacks);
   EXPECT_FALSE(plane.has_devices());
   auto op = std::make_shared<Operation>();

@@ -26,6 +26,8 @@ struct Cluster {
   std::vector<std::unique_ptr<GlooTransport>> transports;
   // [node rank][communicator index]
   std::vector<std::vector<std::unique_ptr<Communicator>>> communicators;
+  // [node rank]: the negotiation rounds (ConnectNegotiation).
+  std::vector<std::unique_ptr<Communicator>> negotiations;
 
   explicit Cluster(int nodes, GlooTransport::Options options = {}) {
     for (int rank = 0; rank < nodes; ++rank) {
@@ -34,6 +36,7 @@ struct Cluster {
       transports.push_back(std::move(transport).value());
     }
     communicators.resize(nodes);
+    negotiations.resize(nodes);
   }
 
   int nodes() const { return static_cast<int>(transports.size()); }
@@ -61,6 +64,21 @@ struct Cluster {
     });
     for (const auto& node : communicators) {
       if (node.size() != static_cast<size_t>(count)) return false;
+    }
+    return true;
+  }
+
+  // Connects the negotiation rounds on every node; true when all did.
+  bool ConnectNegotiation() {
+    OnEveryNode(nodes(), [&](int rank) {
+      auto connected = transports[rank]->ConnectNegotiation(
+          Request(rank, 1, kConnectTimeout));
+      ASSERT_TRUE(connected.ok())
+          << "node " << rank << ": " << connected.status();
+      negotiations[rank] = std::move(connected).value();
+    });
+    for (const auto& negotiation : negotiations) {
+      if (negotiation == nullptr) return false;
     }
     return true;
   }

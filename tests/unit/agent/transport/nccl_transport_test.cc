@@ -260,7 +260,7 @@ TEST(NcclCommunicatorTest, NegotiationIsNotCarried) {
       communicator.ExchangeMin(data, 2, CollectiveOptions{kTimeout, 0});
   EXPECT_EQ(exchange.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(exchange.message(),
-              HasSubstr("negotiation runs on a gloo communicator"));
+              HasSubstr("negotiation rounds run on their own TCP connections"));
   EXPECT_EQ(communicator.AwaitRound(2).status().code(),
             absl::StatusCode::kUnimplemented);
   communicator.Interrupt();

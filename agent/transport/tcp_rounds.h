@@ -1,0 +1,105 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/transport/transport.h"
+
+namespace baton::agent {
+
+// The scheduler's negotiation rounds (Communicator::ExchangeMin, AwaitRound,
+// Interrupt) on TCP connections of their own: one per pair of nodes, read
+// and written only by the thread that runs the rounds, which sleeps in
+// poll(2) on them.
+//
+// Why not gloo: gloo's event-loop thread reads every connection and hands
+// each message to the waiting thread (two wake-ups per message), and it
+// busy-polls while an application thread holds the connection's lock (its
+// own send). When every node sends its vector at once, as a round does, a
+// sender that is preempted inside that lock keeps the peer's loop thread
+// spinning until the next scheduler tick: on a 2-core machine, rounds took
+// 2-5 ms instead of 0.2 ms one time in ten (docs/benchmarks.md).
+//
+// Messages: an 8-byte word count, then that many int64 words, in the host's
+// byte order (agents of one job run the same build). Connecting: each node
+// listens on an ephemeral port of its data-plane address, publishes
+// "<host> <port>" under "<prefix>/rounds/<rank>", connects to every lower
+// rank, and accepts every higher one, which introduces itself (magic, its
+// rank, a hash of the prefix).
+//
+// A round carries at most 2^24 words (INVALID_ARGUMENT above that).
+//
+// A round is not acknowledged: a node that joins a round after the others
+// gave up on it (their ExchangeMin timed out and closed the connections)
+// may still complete it from the vectors they had sent; it fails at its
+// next round or collective. AllreduceSum and Broadcast are UNIMPLEMENTED:
+// data goes over gloo.
+class TcpRounds : public Communicator {
+ public:
+  // Connects the rounds of `request` (request.count is ignored) through
+  // request.store, listening on `address` (a numeric IP address of this
+  // node). Errors like Transport::Connect: DEADLINE_EXCEEDED naming the node
+  // ranks that never published or connected; the store's own code (ABORTED:
+  // the generation ended); UNAVAILABLE for a socket error; INVALID_ARGUMENT
+  // for a bad request.
+  static absl::StatusOr<std::unique_ptr<TcpRounds>> Connect(
+      const ConnectRequest& request, const std::string& address);
+
+  ~TcpRounds() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(peers_.size()); }
+
+  absl::Status AllreduceSum(void* data, size_t count, v1::DataType dtype,
+                            const CollectiveOptions& options) override;
+  absl::Status ExchangeMin(int64_t* data, size_t count,
+                           const CollectiveOptions& options) override;
+  absl::StatusOr<bool> AwaitRound(size_t count) override;
+  void Interrupt() override;
+  absl::Status Broadcast(void* data, size_t bytes, int root,
+                         const CollectiveOptions& options) override;
+  bool poisoned() const override {
+    return poisoned_.load(std::memory_order_acquire);
+  }
+
+ private:
+  // One peer's connection (fd -1 for this node's own slot) and the vector
+  // being read from it.
+  struct Peer {
+    int fd = -1;
+    std::vector<int64_t> message;  // count word + the vector
+    size_t received = 0;           // bytes of `message` read so far
+  };
+  using Clock = std::chrono::steady_clock;
+
+  TcpRounds(int rank, std::vector<Peer> peers, int interrupt_fd);
+
+  // "negotiation connections of 3 nodes (node rank 0)".
+  std::string Describe() const;
+  // FAILED_PRECONDITION once poisoned.
+  absl::Status CheckUsable() const;
+  // Records `status` as the poison, shuts every connection down (peers
+  // blocked on this node fail at once) and returns it.
+  absl::Status Poison(absl::Status status);
+
+  // Constant after construction (fds are closed by the destructor only).
+  const int rank_;
+  std::vector<Peer> peers_;
+  // An eventfd: Interrupt() adds to it, AwaitRound drains it.
+  const int interrupt_fd_;
+
+  std::atomic<bool> poisoned_{false};
+  mutable absl::Mutex mu_;
+  absl::Status poison_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace baton::agent
