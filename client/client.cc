@@ -139,7 +139,9 @@ class CompletionRing {
                     kLongestSleep));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (--waiters_ == 0) cv_.notify_all();
+    // The completer looks again within kLongestSleep by itself: waking it
+    // after every Wait would cost a thread wake-up per operation.
+    if (--waiters_ == 0 && stopping_) cv_.notify_all();
   }
 
   // The completer thread: drains while no thread waits, until Close().
@@ -147,8 +149,10 @@ class CompletionRing {
     while (true) {
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return waiters_ == 0 || stopping_; });
+        cv_.wait_for(lock, kLongestSleep,
+                     [this] { return waiters_ == 0 || stopping_; });
         if (stopping_) return;
+        if (waiters_ > 0) continue;
       }
       uint32_t seen = 0;
       {
