@@ -75,7 +75,7 @@ AgentJob::~AgentJob() {
     }
   }
   for (Trainer& trainer : trainers_) {
-    if (trainer.channel != nullptr) {
+    if (trainer.mapping != nullptr) {
       SharedMemory::Unlink(trainer.mapping->memory.name()).IgnoreError();
     }
   }
@@ -130,11 +130,11 @@ bool AgentJob::DrainChannels() {
   bool any = false;
   for (size_t r = 0; r < trainers_.size(); ++r) {
     Trainer& trainer = trainers_[r];
-    if (trainer.channel == nullptr || trainer.detached) continue;
+    if (trainer.mapping == nullptr || trainer.detached) continue;
     ChannelEntry entry;
     // Bounded: a trainer that keeps pushing cannot starve the others.
-    for (uint64_t n = 0;
-         n < ChannelRing::kCapacity && trainer.channel->requests.Pop(&entry);
+    for (uint64_t n = 0; n < ChannelRing::kCapacity &&
+                         trainer.mapping->channel->requests.Pop(&entry);
          ++n) {
       any = true;
       v1::EnqueueRequest request;
@@ -303,8 +303,8 @@ void AgentJob::HandleAttach(std::shared_ptr<TrainerSink> sink, uint64_t seq,
     if (channel.ok()) {
       trainer.mapping = std::make_shared<ChannelMapping>();
       trainer.mapping->memory = std::move(*channel);
-      trainer.channel = new (trainer.mapping->memory.data()) TrainerChannel();
-      trainer.mapping->channel = trainer.channel;
+      trainer.mapping->channel =
+          new (trainer.mapping->memory.data()) TrainerChannel();
     } else {
       LOG(WARNING) << JobLogPrefix() << "local rank " << r.local_rank()
                    << " enqueues over gRPC: " << channel.status().message();

@@ -128,10 +128,9 @@ class AgentJob {
     bool detached = false;
     // Last step this rank finished of any tensor; -1 before the first.
     int64_t completed_step = -1;
-    // The shared-memory fast path of its enqueues and completions
-    // (mapping->channel; null: everything over the stream).
+    // The shared-memory fast path of its enqueues and completions (null:
+    // everything over the stream).
     std::shared_ptr<ChannelMapping> mapping;
-    TrainerChannel* channel = nullptr;
     // The GPU of its CUDA tensors (index into the agent's devices); -1
     // before its first CUDA declaration.
     int cuda_device = -1;

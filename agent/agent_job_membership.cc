@@ -170,7 +170,7 @@ v1::Attached AgentJob::AttachedFor(int32_t local_rank) const {
   a.set_num_nodes(membership_->nodes_size());
   a.set_scheduling(SchedulingModeName(mode_));
   const Trainer& trainer = trainers_[local_rank];
-  if (trainer.channel != nullptr) {
+  if (trainer.mapping != nullptr) {
     a.set_doorbell_shm_name(doorbell_memory_.name());
     a.set_doorbell_shm_bytes(static_cast<int64_t>(doorbell_memory_.size()));
     a.set_channel_shm_name(trainer.mapping->memory.name());

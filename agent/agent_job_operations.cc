@@ -286,7 +286,7 @@ void AgentJob::PrepareDelivery(const PendingOp& pending) {
   for (size_t r = 0; r < pending.ranks.size(); ++r) {
     const Trainer& trainer = trainers_[r];
     if (!pending.ranks[r].present || !pending.ranks[r].via_channel ||
-        trainer.channel == nullptr || !trainer.sink || trainer.detached) {
+        trainer.mapping == nullptr || !trainer.sink || trainer.detached) {
       continue;
     }
     delivery.targets.push_back(
@@ -431,7 +431,7 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status,
     }
     if (!trainer.sink || trainer.detached) continue;
     if (status.ok() && pending.ranks[r].via_channel &&
-        trainer.channel != nullptr) {
+        trainer.mapping != nullptr) {
       if (delivered) {
         // DeliverDone told it, unless its ring was full.
         if (std::find(missed.begin(), missed.end(), static_cast<int32_t>(r)) ==
