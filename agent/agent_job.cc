@@ -142,10 +142,7 @@ bool AgentJob::DrainChannels() {
       request.set_step(entry.step);
       request.set_average((entry.flags & kChannelAverage) != 0);
       request.set_root_rank(static_cast<int32_t>(entry.value));
-      if (entry.index >= 0 &&
-          static_cast<size_t>(entry.index) < op_of_tensor_.size() &&
-          op_of_tensor_[entry.index] != 0 &&
-          AwaitsOpDone(op_of_tensor_[entry.index])) {
+      if (AwaitsOpDone(entry.index)) {
         deferred_.emplace_back(static_cast<int32_t>(r), std::move(request));
         continue;
       }

@@ -200,25 +200,25 @@ class AgentJob {
   // success to the channel ranks at once, then hands the rest to the job
   // thread (OnOpDone).
   void DeliverDone(uint64_t id, absl::Status status);
-  // A trainer's next enqueue of the tensor of operation `id` must wait for
-  // OnOpDone: the trainer heard of the completion before the job thread.
-  bool AwaitsOpDone(uint64_t id);
+  // A channel enqueue of tensor `index` must wait: the tensor's operation
+  // was delivered by DeliverDone and its OnOpDone has not run yet (the
+  // trainer heard of the completion before the job thread).
+  bool AwaitsOpDone(int32_t index);
   // Handles the enqueues deferred for that reason whose OnOpDone ran.
   void RetryDeferred();
-  // `delivered`: DeliverDone told the channel ranks except `missed` (their
-  // ring was full).
-  void OnOpDone(uint64_t id, absl::Status status, bool delivered = false,
+  // `missed`: channel ranks whose ring was full when DeliverDone delivered
+  // the success; they hear of it over the stream.
+  void OnOpDone(uint64_t id, absl::Status status,
                 std::vector<int32_t> missed = {});
-  // Tells the trainers the outcome and forgets the operation.
-  // `delivered`/`missed` as for OnOpDone.
+  // Tells the trainers the outcome and forgets the operation. A success
+  // reached the channel ranks through DeliverDone, except `missed`.
   void FinishOp(PendingOp& pending, const absl::Status& status,
-                bool delivered = false,
                 const std::vector<int32_t>& missed = {});
   // Fails it now even if a data plane still holds its buffers (then the
   // tensor stays leased until that data plane lets go).
   void FailNow(PendingOp& pending, const absl::Status& status);
   void Notify(PendingOp& pending, const absl::Status& status,
-              bool delivered = false, const std::vector<int32_t>& missed = {});
+              const std::vector<int32_t>& missed = {});
   void FailOp(int32_t rank, const v1::EnqueueRequest& request,
               const absl::Status& status);
   int32_t RankOf(const TrainerSink* sink) const;

@@ -302,13 +302,16 @@ bool AgentJob::TakeDelivery(uint64_t id) {
   return deliveries_.erase(id) > 0;
 }
 
-bool AgentJob::AwaitsOpDone(uint64_t id) {
+bool AgentJob::AwaitsOpDone(int32_t index) {
+  if (index < 0 || static_cast<size_t>(index) >= op_of_tensor_.size() ||
+      op_of_tensor_[index] == 0) {
+    return false;
+  }
   std::lock_guard<std::mutex> lock(deliveries_mu_);
-  return delivered_.contains(id);
+  return delivered_.contains(op_of_tensor_[index]);
 }
 
 void AgentJob::DeliverDone(uint64_t id, absl::Status status) {
-  bool delivered = false;
   std::vector<int32_t> missed;
   if (status.ok()) {
     Delivery delivery;
@@ -321,7 +324,6 @@ void AgentJob::DeliverDone(uint64_t id, absl::Status status) {
         // Before the trainers can hear of it: their next enqueue of this
         // tensor waits for OnOpDone.
         delivered_.insert(id);
-        delivered = true;
       }
     }
     for (const Delivery::Target& target : delivery.targets) {
@@ -330,9 +332,9 @@ void AgentJob::DeliverDone(uint64_t id, absl::Status status) {
       }
     }
   }
-  Post([this, id, status = std::move(status), delivered,
+  Post([this, id, status = std::move(status),
         missed = std::move(missed)]() mutable {
-    OnOpDone(id, std::move(status), delivered, std::move(missed));
+    OnOpDone(id, std::move(status), std::move(missed));
   });
 }
 
@@ -341,8 +343,7 @@ void AgentJob::RetryDeferred() {
   std::vector<std::pair<int32_t, v1::EnqueueRequest>> deferred;
   deferred.swap(deferred_);
   for (auto& [rank, request] : deferred) {
-    const uint64_t current = op_of_tensor_[request.index()];
-    if (current != 0 && AwaitsOpDone(current)) {
+    if (AwaitsOpDone(request.index())) {
       deferred_.emplace_back(rank, std::move(request));
       continue;
     }
@@ -365,13 +366,13 @@ void AgentJob::SubmitWaiting() {
   }
 }
 
-void AgentJob::OnOpDone(uint64_t id, absl::Status status, bool delivered,
+void AgentJob::OnOpDone(uint64_t id, absl::Status status,
                         std::vector<int32_t> missed) {
-  if (delivered) {
+  {
+    // A failure leaves its record; a success was delivered.
     std::lock_guard<std::mutex> lock(deliveries_mu_);
+    deliveries_.erase(id);
     delivered_.erase(id);
-  } else {
-    TakeDelivery(id);
   }
   auto it = ops_.find(id);
   if (it == ops_.end()) return;
@@ -395,11 +396,11 @@ void AgentJob::OnOpDone(uint64_t id, absl::Status status, bool delivered,
       return;
     }
   }
-  FinishOp(pending, status, delivered, missed);
+  FinishOp(pending, status, missed);
 }
 
 void AgentJob::Notify(PendingOp& pending, const absl::Status& status,
-                      bool delivered, const std::vector<int32_t>& missed) {
+                      const std::vector<int32_t>& missed) {
   const LocalTensor& tensor = *tensors_[pending.index];
   v1::TrainerEvent event;
   if (status.ok()) {
@@ -430,18 +431,14 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status,
       leased.last_step[r] = std::min(leased.last_step[r], pending.step - 1);
     }
     if (!trainer.sink || trainer.detached) continue;
+    // DeliverDone told a channel rank of a success, unless its ring was
+    // full (every success comes through it: no other path completes an
+    // operation successfully).
     if (status.ok() && pending.ranks[r].via_channel &&
-        trainer.mapping != nullptr) {
-      if (delivered) {
-        // DeliverDone told it, unless its ring was full.
-        if (std::find(missed.begin(), missed.end(), static_cast<int32_t>(r)) ==
+        trainer.mapping != nullptr &&
+        std::find(missed.begin(), missed.end(), static_cast<int32_t>(r)) ==
             missed.end()) {
-          continue;
-        }
-      } else if (trainer.mapping->Complete(ChannelEntry{
-                     pending.index, 0, pending.step, pending.generation, 0})) {
-        continue;
-      }
+      continue;
     }
     // Failures carry text, and a full ring falls back to the stream.
     trainer.sink->Send(event);
@@ -452,7 +449,7 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status,
 }
 
 void AgentJob::FinishOp(PendingOp& pending, const absl::Status& status,
-                        bool delivered, const std::vector<int32_t>& missed) {
+                        const std::vector<int32_t>& missed) {
   const LocalTensor& tensor = *tensors_[pending.index];
   if (status.ok() && tensor.tensor_id >= 0) {
     const Clock::duration latency = Clock::now() - pending.first_enqueued;
@@ -465,7 +462,7 @@ void AgentJob::FinishOp(PendingOp& pending, const absl::Status& status,
     l.total_us += us;
     l.max_us = std::max(l.max_us, us);
   }
-  Notify(pending, status, delivered, missed);
+  Notify(pending, status, missed);
   ops_.erase(pending.id);
 }
 

@@ -124,13 +124,7 @@ class CompletionRing {
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) break;
       uint32_t seen = 0;
-      {
-        std::lock_guard<std::mutex> lock(drain_mu_);
-        if (closed_) break;
-        // Before popping: a completion pushed after the pop rings past it.
-        seen = channel_->completion_bell.Snapshot();
-        DrainLocked();
-      }
+      if (!Drain(&seen)) break;
       if (done()) break;
       channel_->completion_bell.Wait(
           seen, std::min<std::chrono::microseconds>(
@@ -155,12 +149,7 @@ class CompletionRing {
         if (waiters_ > 0) continue;
       }
       uint32_t seen = 0;
-      {
-        std::lock_guard<std::mutex> lock(drain_mu_);
-        if (closed_) return;
-        seen = channel_->completion_bell.Snapshot();
-        DrainLocked();
-      }
+      if (!Drain(&seen)) return;
       channel_->completion_bell.Wait(seen, kLongestSleep);
     }
   }
@@ -186,6 +175,16 @@ class CompletionRing {
  private:
   // Bounds every sleep on the bell, as a guard against a lost wake-up.
   static constexpr std::chrono::microseconds kLongestSleep{100000};
+
+  // Drains, with `*seen` the bell's value from before: a completion pushed
+  // after the drain rings past it. False once closed.
+  bool Drain(uint32_t* seen) {
+    std::lock_guard<std::mutex> lock(drain_mu_);
+    if (closed_) return false;
+    *seen = channel_->completion_bell.Snapshot();
+    DrainLocked();
+    return true;
+  }
 
   void DrainLocked() {
     ChannelEntry entry;

@@ -91,28 +91,22 @@ class FdList {
   std::vector<int> fds_;
 };
 
-// Writes or reads exactly `bytes` on a non-blocking socket by `deadline`.
-absl::Status Transfer(int fd, void* data, size_t bytes, bool write,
-                      Clock::time_point deadline, const std::string& what) {
-  auto* p = static_cast<char*>(data);
+// Writes exactly `bytes` on a non-blocking socket by `deadline`.
+absl::Status SendAll(int fd, const void* data, size_t bytes,
+                     Clock::time_point deadline, const std::string& what) {
+  const auto* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    const ssize_t n =
-        write ? ::send(fd, p, bytes, MSG_NOSIGNAL) : ::recv(fd, p, bytes, 0);
+    const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
     if (n > 0) {
       p += n;
       bytes -= static_cast<size_t>(n);
       continue;
     }
-    if (n == 0) {
-      return absl::UnavailableError(
-          absl::StrCat(what, ": the connection closed"));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+      return absl::UnavailableError(absl::StrCat(what, ": ", Errno("send")));
     }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      return absl::UnavailableError(
-          absl::StrCat(what, ": ", Errno(write ? "send" : "recv")));
-    }
-    struct pollfd pfd = {fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
+    struct pollfd pfd = {fd, POLLOUT, 0};
     const int ready = ::poll(&pfd, 1, PollMillis(deadline));
     if (ready == 0) {
       return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
@@ -281,10 +275,10 @@ absl::StatusOr<std::unique_ptr<TcpRounds>> TcpRounds::Connect(
       for (int r = 0; r < rank; ++r) {
         absl::StatusOr<int> fd = ConnectTo((*addresses)[r], deadline, fds);
         Hello hello = {kMagic, rank, prefix_hash};
-        absl::Status status =
-            fd.ok() ? Transfer(*fd, &hello, sizeof hello, /*write=*/true,
-                               deadline, "introducing this node")
-                    : fd.status();
+        absl::Status status = fd.ok()
+                                  ? SendAll(*fd, &hello, sizeof hello, deadline,
+                                            "introducing this node")
+                                  : fd.status();
         if (!status.ok()) {
           return absl::Status(
               status.code(),
