@@ -13,12 +13,26 @@ The ideal bound is max(compute, communication): compute is the single
 process's median step (the median over the rounds' measurements when there
 are any, else the one before the rounds), communication the bytes each node sends per step in a
 ring allreduce of all gradients, 2(n-1)/n x gradient bytes, at the link rate.
+
+CPU (per node and step, G = MiB of gradients, 2^20 bytes):
+  trainer CPU      the trainer process's CPU seconds (every thread) over its
+                   timed steps / timed steps; median over nodes and rounds
+  trainer extra    trainer CPU - the compute-only run's trainer CPU: what
+                   communication adds inside the trainer (gloo's threads and
+                   DDP's hooks for ddp; the baton client for fifo/priority)
+  agent CPU        LOGS/<mode>.r<R>.agents_cpu (every agent's CPU seconds
+                   from just before the job's trainers start to just after
+                   they all end: start-up and warm-up included) / NODES /
+                   STEPS; median over rounds. ~0 for ddp (idle agents)
+  ms per MiB       1000 x each of the two above / G
+Speedup over DDP (fifo, priority): DDP's median step / the mode's.
 """
 
 import argparse
 import glob
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -74,13 +88,33 @@ def main():
     parser.add_argument("--rate-mbit", type=float, required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--warmup", type=int, required=True)
-    parser.add_argument("--partition-bytes", type=int, required=True)
-    parser.add_argument("--credit-bytes", type=int, required=True)
+    parser.add_argument("--partition-bytes", type=int, help="BATON_PARTITION_BYTES given (default: none)")
+    parser.add_argument("--credit-bytes", type=int, help="baton-agent --credit_bytes given (default: none)")
+    parser.add_argument("--default-partition-bytes", type=int, help="the coordinator's default, for the text")
+    parser.add_argument("--default-credit-bytes", type=int, help="the agent's default, for the text")
+    parser.add_argument("--agent-flags", default="", help="AGENT_FLAGS of the run, for the text")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
 
     compute = load(os.path.join(args.logs, "compute.json"))
     n = args.nodes
+    # What the baton jobs ran with: a value given to the run, else baton's
+    # own default (*_default: true; the value where the run could read it).
+    baton = {}
+    for name in ("partition_bytes", "credit_bytes"):
+        given, default = getattr(args, name), getattr(args, "default_" + name)
+        if given is not None:
+            baton[name], baton[name + "_default"] = given, False
+        else:
+            baton[name + "_default"] = True
+            if default is not None:
+                baton[name] = default
+    if args.agent_flags.strip():
+        baton["agent_flags"] = args.agent_flags.strip()
+        # AGENT_FLAGS has the last word over CREDIT_BYTES (it comes later).
+        credit = re.findall(r"(?:^|\s)--?credit_bytes[= ](\d+)", args.agent_flags)
+        if credit:
+            baton["credit_bytes"], baton["credit_bytes_default"] = int(credit[-1]), False
     base = {
         "bench": "scheduling",
         "nodes": n,
@@ -106,9 +140,11 @@ def main():
         if rounds:
             rows[mode] = row(base, mode, rounds, args.warmup)
             rows[mode]["rounds"] = len(rounds)
+            # All NODES agents together (kept as it was), and per node.
             rows[mode]["agents_cpu_per_step_s"] = statistics.median(agents_cpu)
+            rows[mode]["agents_cpu_per_node_per_step_s"] = statistics.median(agents_cpu) / n
             if mode != "ddp":
-                rows[mode].update(partition_bytes=args.partition_bytes, credit_bytes=args.credit_bytes)
+                rows[mode].update(baton)
     # This machine's speed drifts between minutes: the compute measured in
     # every round, next to the modes, is the bound's compute.
     per_round = [load(p) for p in sorted(glob.glob(os.path.join(args.logs, "compute.r*.json")))]
@@ -133,6 +169,19 @@ def main():
                 ideal["speedup_%s_over_priority" % mode] = rows[mode]["median_step_s"] / priority["median_step_s"]
         ideal["priority_over_ideal"] = priority["median_step_s"] / ideal["median_step_s"]
     rows["ideal"] = ideal
+    # CPU per node and step, and per MiB of gradients (see the docstring).
+    mib = compute["grad_bytes"] / (1 << 20)
+    compute_cpu = rows["compute"]["trainer_cpu_per_step_s"]
+    for mode in MODES:
+        r = rows.get(mode)
+        if not r:
+            continue
+        r["compute_cpu_per_step_s"] = compute_cpu
+        r["trainer_extra_cpu_per_step_s"] = r["trainer_cpu_per_step_s"] - compute_cpu
+        r["trainer_extra_cpu_ms_per_mib"] = 1000 * r["trainer_extra_cpu_per_step_s"] / mib
+        r["agent_cpu_ms_per_mib"] = 1000 * r["agents_cpu_per_node_per_step_s"] / mib
+        if mode != "ddp" and "ddp" in rows:
+            r["speedup_over_ddp"] = rows["ddp"]["median_step_s"] / r["median_step_s"]
     with open(args.jsonl, "a") as f:
         for r in rows.values():
             f.write(json.dumps(r) + "\n")
@@ -146,8 +195,11 @@ def main():
             args.rate_mbit, args.steps, args.rounds, args.warmup,
         )
     )
-    print("| | median step (s) | min (s) | max (s) | priority speedup over it | CPU s/step: trainer, agents |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| | median step (s) | min (s) | max (s) | speedup over DDP | priority speedup over it "
+        "| CPU s/step per node: trainer, agent | CPU ms/MiB: trainer extra, agent |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for key in MODES + ["compute", "concurrent", "ideal"]:
         r = rows.get(key)
         if not r:
@@ -162,15 +214,63 @@ def main():
         cpu = ""
         if "trainer_cpu_per_step_s" in r:
             cpu = "%.3f" % r["trainer_cpu_per_step_s"]
-            if "agents_cpu_per_step_s" in r:
-                cpu += ", %.3f" % r["agents_cpu_per_step_s"]
-        print("| %s | %.3f | %s | %s | %s | %s |" % ((name, r["median_step_s"]) + extremes + (speed, cpu)))
+            if "agents_cpu_per_node_per_step_s" in r:
+                cpu += ", %.3f" % r["agents_cpu_per_node_per_step_s"]
+        per_mib = ""
+        if "agent_cpu_ms_per_mib" in r:
+            per_mib = "%.2f, %.2f" % (r["trainer_extra_cpu_ms_per_mib"], r["agent_cpu_ms_per_mib"])
+        over_ddp = "%.2fx" % r["speedup_over_ddp"] if "speedup_over_ddp" in r else ""
+        print(
+            "| %s | %.3f | %s | %s | %s | %s | %s | %s |"
+            % ((name, r["median_step_s"]) + extremes + (over_ddp, speed, cpu, per_mib))
+        )
     c = rows["compute"]
     print(
         "\ncompute = forward %.3f + backward %.3f + update %.3f s (medians); communication = "
         "2(n-1)/n x %.1f MiB = %.1f MiB per node per step at %g Mbit/s = %.3f s."
         % (c["forward_s"], c["backward_s"], c["update_s"], base["grad_bytes"] / mb, comm_bytes / mb, args.rate_mbit, comm_s)
     )
+    print(
+        "\nCPU, per node and step: trainer = the trainer process's CPU (every thread) per timed step, "
+        "median over nodes and rounds; agent = every agent's CPU during the mode's job (start-up and "
+        "warm-up included) / %d nodes / %d steps, median over rounds. CPU ms/MiB: trainer extra = "
+        "(trainer - the compute-only run's %.3f s) x 1000 / %.2f MiB of gradients, what communication "
+        "adds inside the trainer (gloo for DDP, the baton client for fifo and priority); agent = agent "
+        "x 1000 / %.2f MiB. Speedup over DDP = DDP's median step / the mode's."
+        % (n, args.steps, compute_cpu, mib, mib)
+    )
+    if "ddp" in rows:
+        for mode in ("priority", "fifo"):
+            if mode in rows:
+                goal, agent = rows["ddp"]["trainer_extra_cpu_ms_per_mib"], rows[mode]["agent_cpu_ms_per_mib"]
+                print(
+                    "Goal, agent CPU per MiB at most DDP's extra trainer CPU per MiB: %s agent %.2f vs "
+                    "DDP %.2f ms/MiB, %s." % (mode, agent, goal, "met" if agent <= goal else "not met")
+                )
+                break
+
+    def size(name):
+        b = baton[name]
+        return "%g MiB" % (b / mb) if b % (1 << 16) == 0 else "%d bytes" % b
+
+    if any(m in rows for m in ("fifo", "priority")):
+        parts = []
+        for name, label in (("partition_bytes", "partition"), ("credit_bytes", "agent credit")):
+            if not baton[name + "_default"]:
+                parts.append("%s %s" % (label, size(name)))
+            elif name in baton:
+                parts.append("%s %s (baton's default)" % (label, size(name)))
+            else:
+                parts.append("%s: baton's default" % label)
+        if all(baton[k + "_default"] for k in ("partition_bytes", "credit_bytes")):
+            known = ["%s %s" % (label, size(name)) for name, label in
+                     (("partition_bytes", "partition"), ("credit_bytes", "agent credit")) if name in baton]
+            text = "baton defaults" + (" (%s)" % ", ".join(known) if known else "")
+        else:
+            text = ", ".join(parts)
+        if "agent_flags" in baton:
+            text += "; agent flags: %s" % baton["agent_flags"]
+        print("\nbaton jobs: %s." % text)
     missing = [m for m in MODES if m not in rows]
     if missing:
         print("\nmissing (failed or not run): %s" % ", ".join(missing))

@@ -1,10 +1,21 @@
 #!/usr/bin/python3
 """One trainer of the scheduling benchmark (tools/bench/scheduling/run).
 
-Trains a VGG-like network (convolutions: most of the compute, few
-parameters; fully connected layers at the end: most of the parameters, little
-compute, as in VGG) on deterministic synthetic data for --steps steps and
-writes each step's wall time to --result as JSON. Modes:
+Trains a model on deterministic synthetic data for --steps steps and writes
+each step's wall time to --result as JSON. Models (--model):
+
+  vgg           VGG-like (convolutions: most of the compute, few parameters;
+                fully connected layers written as convolutions at the end:
+                most of the parameters, little compute), 3x32x32 images
+  resnet18      torchvision ResNet-18 (62 parameter tensors), 3x32x32 images
+  resnet50      torchvision ResNet-50 (161 parameter tensors)
+  mobilenet_v2  torchvision MobileNetV2 (158 small parameter tensors)
+  transformer   a torch.nn TransformerEncoder over token sequences (embedding,
+                encoder layers, classification head)
+  tiny          a small VGG-like model that only checks the harness
+
+torchvision (Debian's python3-torchvision) is needed for its models only.
+Modes:
 
   --mode ddp       torch.distributed DistributedDataParallel over gloo; rank
                    and world size from RANK / WORLD_SIZE, rendezvous at
@@ -32,13 +43,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# name: (width, hidden, batch, convs per block). "vgg" is the benchmark's
-# model; "tiny" only checks the harness (QUICK=1). Keep batches of 16 or more:
-# below that torch runs the 1x1 convolutions (fc7, fc8) without oneDNN.
-MODELS = {
+# VGG-like models: name -> (width, hidden, batch, convs per block). "tiny"
+# only checks the harness (QUICK=1). Keep batches of 16 or more: below that
+# torch runs the 1x1 convolutions (fc7, fc8) without oneDNN.
+VGG_MODELS = {
     "vgg": (64, 512, 128, 2),
     "tiny": (4, 64, 2, 1),
 }
+# torchvision models: name -> default batch (3x32x32 images, about 0.15-0.25 s
+# of compute per step on one core of these machines).
+TORCHVISION_MODELS = {"resnet18": 32, "resnet50": 16, "mobilenet_v2": 32}
+# The Transformer encoder: vocabulary, model width, layers, heads, feed-forward
+# width, sequence length, batch. Debian's torch runs nn.Linear on a slow
+# reference BLAS, so it is small.
+TRANSFORMER = dict(vocab=8192, width=256, layers=2, heads=4, ff=1024, seq=32, batch=8)
+MODELS = sorted(list(VGG_MODELS) + list(TORCHVISION_MODELS) + ["transformer"])
 CLASSES = 10
 IMAGE = 32  # 3 x 32 x 32 inputs, as CIFAR
 BATCHES = 4  # distinct synthetic batches, cycled
@@ -67,21 +86,56 @@ def make_model(width, hidden, convs_per_block=2):
     return nn.Sequential(*layers)
 
 
+class TransformerClassifier(nn.Module):
+    """Token embedding, a torch.nn TransformerEncoder, mean pooling and a
+    linear classification head."""
+
+    def __init__(self, vocab, width, layers, heads, ff):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, width)
+        layer = nn.TransformerEncoderLayer(width, heads, ff, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers)
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, tokens):
+        return self.head(self.encoder(self.embedding(tokens)).mean(1))
+
+
+def build(args):
+    """The model of --model and a description of it; sets args.batch."""
+    if args.model in VGG_MODELS:
+        width, hidden, batch, convs = VGG_MODELS[args.model]
+        width, hidden, convs = args.width or width, args.hidden or hidden, args.convs or convs
+        args.batch = args.batch or batch
+        return make_model(width, hidden, convs), "%s(width=%d,hidden=%d,convs=%d)" % (
+            args.model, width, hidden, convs)
+    if args.model in TORCHVISION_MODELS:
+        import torchvision
+
+        args.batch = args.batch or TORCHVISION_MODELS[args.model]
+        model = getattr(torchvision.models, args.model)(weights=None, num_classes=CLASSES)
+        return model, "torchvision.%s" % args.model
+    t = TRANSFORMER
+    args.batch = args.batch or t["batch"]
+    model = TransformerClassifier(t["vocab"], t["width"], t["layers"], t["heads"], t["ff"])
+    return model, "transformer(width=%d,layers=%d,heads=%d,ff=%d,seq=%d)" % (
+        t["width"], t["layers"], t["heads"], t["ff"], t["seq"])
+
+
 def describe(model):
     params = sum(p.numel() for p in model.parameters())
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return params, grad_bytes
 
 
-def make_batches(rank, batch):
+def make_batches(model_name, rank, batch):
     g = torch.Generator().manual_seed(1000 + rank)
-    return [
-        (
-            torch.randn(batch, 3, IMAGE, IMAGE, generator=g),
-            torch.randint(0, CLASSES, (batch,), generator=g),
-        )
-        for _ in range(BATCHES)
-    ]
+    if model_name == "transformer":
+        t = TRANSFORMER
+        inputs = lambda: torch.randint(0, t["vocab"], (batch, t["seq"]), generator=g)  # noqa: E731
+    else:
+        inputs = lambda: torch.randn(batch, 3, IMAGE, IMAGE, generator=g)  # noqa: E731
+    return [(inputs(), torch.randint(0, CLASSES, (batch,), generator=g)) for _ in range(BATCHES)]
 
 
 def cpu_seconds():
@@ -120,7 +174,7 @@ def run_ddp(args, model, optimizer):
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method=args.init, rank=rank, world_size=size)
     ddp = DistributedDataParallel(model)
-    result = train(ddp, optimizer, make_batches(rank, args.batch), args.steps)
+    result = train(ddp, optimizer, make_batches(args.model, rank, args.batch), args.steps)
     # Debian's torch 1.13 + gloo: free the DDP object and pass a barrier
     # before destroy_process_group(), or some exits hang.
     del ddp
@@ -138,7 +192,7 @@ def run_baton(args, model, optimizer):
         optimizer = bt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     else:
         optimizer = bt.ScheduledOptimizer(model, optimizer, num_steps=args.steps)
-    result = train(model, optimizer, make_batches(bt.rank(), args.batch), args.steps)
+    result = train(model, optimizer, make_batches(args.model, bt.rank(), args.batch), args.steps)
     if args.mode == "priority":
         optimizer.close()
     if args.hold:
@@ -158,7 +212,7 @@ def main():
     parser.add_argument("--mode", choices=["ddp", "fifo", "priority"])
     parser.add_argument("--compute-only", action="store_true")
     parser.add_argument("--describe", action="store_true")
-    parser.add_argument("--model", choices=sorted(MODELS), default="vgg")
+    parser.add_argument("--model", choices=MODELS, default="vgg")
     parser.add_argument("--width", type=int, help="first conv block's channels (default: the model's)")
     parser.add_argument("--hidden", type=int, help="fully connected width (default: the model's)")
     parser.add_argument("--convs", type=int, help="convolutions per block (default: the model's)")
@@ -184,14 +238,12 @@ def main():
     libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
-    width, hidden, batch, convs = MODELS[args.model]
-    width, hidden, convs = args.width or width, args.hidden or hidden, args.convs or convs
-    args.batch = args.batch or batch
     torch.manual_seed(42)  # the same initial weights on every rank
-    model = make_model(width, hidden, convs)
+    model, description = build(args)
     params, grad_bytes = describe(model)
     out = {
-        "model": "%s(width=%d,hidden=%d,convs=%d)" % (args.model, width, hidden, convs),
+        "model": description,
+        "tensors": len(list(model.parameters())),
         "batch": args.batch,
         "params": params,
         "grad_bytes": grad_bytes,
@@ -201,7 +253,7 @@ def main():
         return
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
     if args.compute_only:
-        rank, size, result = 0, 1, train(model, optimizer, make_batches(0, args.batch), args.steps)
+        rank, size, result = 0, 1, train(model, optimizer, make_batches(args.model, 0, args.batch), args.steps)
     elif args.mode == "ddp":
         rank, size, result = run_ddp(args, model, optimizer)
     else:
