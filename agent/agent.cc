@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/rendezvous_client.h"
 #include "agent/transport/gloo/gloo_transport.h"
+#include "agent/transport/tcp_transport.h"
 #include "common/grpc_util.h"
 #include "common/log_context.h"
 #include "common/shm.h"
@@ -60,7 +61,12 @@ absl::Status Agent::Start() {
     LOG(INFO) << "removed " << orphans
               << " shared memory objects left by a killed agent";
   }
-  auto transport = GlooTransport::Create(config_.data_host);
+  absl::StatusOr<std::unique_ptr<Transport>> transport =
+      config_.data_transport == DataTransport::kGloo
+          ? absl::StatusOr<std::unique_ptr<Transport>>(
+                GlooTransport::Create(config_.data_host))
+          : absl::StatusOr<std::unique_ptr<Transport>>(
+                TcpTransport::Create(config_.data_host));
   if (!transport.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(transport.status().message(), ": fix --data_host"));

@@ -14,8 +14,11 @@ struct AgentConfig {
   std::string coordinator;  // host:port
   std::string node_name;
   std::string socket_path;
-  // Address peers reach this node's data plane on (gloo binds here).
+  // Address peers reach this node's data plane on (its sockets bind here).
   std::string data_host = "127.0.0.1";
+  // The host tensors' data plane between agents: baton's TCP rings, or
+  // gloo's TCP transport.
+  DataTransport data_transport = DataTransport::kTcp;
   SchedulingMode scheduling = SchedulingMode::kPriority;
   GpuCrossNode gpu_cross_node = GpuCrossNode::kNccl;
   int64_t credit_bytes = 16 << 20;

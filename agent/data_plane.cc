@@ -605,16 +605,22 @@ absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task,
     }
   } else {
     const size_t n = op.inputs.size();
-    if (!(n == 1 && op.inputs[0] == op.output)) {
+    const bool cross = options_.num_nodes > 1;
+    const bool average = op.average && options_.world_size > 1;
+    if (cross && n == 1) {
+      // One local trainer: the allreduce reads its input and writes the
+      // output (no local copy).
+      opts.input = op.inputs[0] + task.offset;
+    } else if (!(n == 1 && op.inputs[0] == op.output)) {
       absl::InlinedVector<const void*, 8> srcs(n);
       for (size_t i = 0; i < n; ++i) srcs[i] = op.inputs[i] + task.offset;
       SumInto(op.dtype, out, srcs.data(), n, count);
     }
     *reduced_us = NowUs();
-    if (options_.num_nodes > 1) {
+    if (cross) {
+      if (average) opts.divisor = options_.world_size;
       status = worker.comm->AllreduceSum(out, count, op.dtype, opts);
-    }
-    if (status.ok() && op.average && options_.world_size > 1) {
+    } else if (average) {
       DivideInPlace(op.dtype, out, count, options_.world_size);
     }
   }
@@ -721,14 +727,10 @@ absl::Status DataPlane::ExecuteOnDevice(Worker& worker,
   if (status.ok() && cross) {
     status = device_memory_->CopyToHost(stage, buffers[0], bytes, 0);
     if (status.ok()) {
+      if (average) opts.divisor = options_.world_size;
       status = worker.comm->AllreduceSum(stage, count, op.dtype, opts);
     }
-    if (status.ok()) {
-      if (average) {
-        DivideInPlace(op.dtype, stage, count, options_.world_size);
-      }
-      status = AbortedBeforeWriteBack();
-    }
+    if (status.ok()) status = AbortedBeforeWriteBack();
     if (status.ok()) {
       status = device_memory_->CopyToDevice(buffers[0], stage, bytes, 0);
     }

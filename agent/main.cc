@@ -28,8 +28,13 @@ DEFINE_string(node, "",
 DEFINE_string(socket, "/tmp/baton-agent.sock",
               "Unix socket trainers connect to (BATON_AGENT_SOCKET)");
 DEFINE_string(data_host, "127.0.0.1",
-              "Address peers reach this node's data plane on (gloo binds "
-              "here); the node's IP on a cluster");
+              "Address peers reach this node's data plane on (its sockets "
+              "bind here); the node's IP on a cluster");
+DEFINE_string(data_transport, "tcp",
+              "What carries host tensors between agents: tcp (baton's ring "
+              "collectives on its own TCP connections, run by the data "
+              "threads themselves) or gloo (gloo's TCP transport); every "
+              "agent of a job must use the same");
 DEFINE_string(scheduling, "priority",
               "Scheduling of jobs whose trainers do not set BATON_SCHEDULING: "
               "priority or fifo");
@@ -100,6 +105,15 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--scheduling=", FLAGS_scheduling,
                      " is unknown: give priority or fifo"));
+  }
+  if (FLAGS_data_transport == "tcp") {
+    config.data_transport = agent::DataTransport::kTcp;
+  } else if (FLAGS_data_transport == "gloo") {
+    config.data_transport = agent::DataTransport::kGloo;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data_transport=", FLAGS_data_transport,
+                     " is unknown: give tcp or gloo"));
   }
   if (FLAGS_gpu_cross_node == "nccl") {
     config.gpu_cross_node = agent::GpuCrossNode::kNccl;
@@ -179,7 +193,10 @@ agent::GpuSupport LocalGpus(const agent::AgentConfig& config) {
     LOG(INFO) << "GPU data plane: " << *described
               << "; CUDA tensors cross nodes over "
               << agent::GpuCrossNodeName(config.gpu_cross_node)
-              << ", host tensors over gloo";
+              << ", host tensors over "
+              << (config.data_transport == agent::DataTransport::kGloo
+                      ? "gloo"
+                      : "baton's TCP rings");
     return gpus;
   }
   gpus = agent::GpuSupport{};

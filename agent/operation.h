@@ -33,6 +33,14 @@ enum class GpuCrossNode {
 
 const char* GpuCrossNodeName(GpuCrossNode mode);
 
+// What carries host tensors' collectives between agents (--data_transport).
+enum class DataTransport {
+  // baton's ring collectives on its own TCP connections (TcpTransport).
+  kTcp = 1,
+  // gloo's TCP transport (GlooTransport).
+  kGloo = 2,
+};
+
 // One collective on one tensor for one step, ready on this node: every local
 // trainer has written its input. Immutable once submitted to the data plane;
 // the buffers it points to are the tensor's shared memory, owned by the

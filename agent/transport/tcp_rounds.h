@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/transport/poison_state.h"
 #include "agent/transport/transport.h"
 
 namespace baton::agent {
@@ -67,9 +68,7 @@ class TcpRounds : public Communicator {
   void Interrupt() override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
-  bool poisoned() const override {
-    return poisoned_.load(std::memory_order_acquire);
-  }
+  bool poisoned() const override { return poison_.is_set(); }
 
  private:
   // One peer's connection (fd -1 for this node's own slot) and the vector
@@ -97,9 +96,7 @@ class TcpRounds : public Communicator {
   // An eventfd: Interrupt() adds to it, AwaitRound drains it.
   const int interrupt_fd_;
 
-  std::atomic<bool> poisoned_{false};
-  mutable absl::Mutex mu_;
-  absl::Status poison_ ABSL_GUARDED_BY(mu_);
+  PoisonState poison_;
 };
 
 }  // namespace baton::agent

@@ -1,9 +1,13 @@
 #include "agent/transport/transport.h"
 
+#include <cstring>
+#include <limits>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "agent/reduce.h"
 
 namespace baton::agent {
 
@@ -42,6 +46,33 @@ std::string StoreKey(const std::string& prefix, const std::string& key) {
     return absl::StrCat(prefix, key);
   }
   return absl::StrCat(prefix, "/", key);
+}
+
+absl::Status CheckAllreduceArguments(const void* data, size_t count,
+                                     v1::DataType dtype,
+                                     const CollectiveOptions& options,
+                                     const std::string& on) {
+  const size_t element = ElementSize(dtype);
+  if (element == 0 || PairwiseSumFor(dtype) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allreduce on ", on, ": unsupported data type ", DataTypeName(dtype)));
+  }
+  if (options.divisor < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allreduce on ", on, ": CollectiveOptions.divisor is ",
+                     options.divisor, "; give 1 or more"));
+  }
+  if (count == 0) return absl::OkStatus();
+  if (data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allreduce of ", count, " elements on ", on, ": data is null"));
+  }
+  if (count > std::numeric_limits<size_t>::max() / element) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allreduce of ", count, " elements of ",
+                     DataTypeName(dtype), " on ", on, ": the size overflows"));
+  }
+  return absl::OkStatus();
 }
 
 std::string DataTypeName(v1::DataType dtype) {

@@ -22,6 +22,16 @@ struct CollectiveOptions {
   // communicator. Callers that use a communicator from one thread may leave
   // it 0.
   uint32_t tag = 0;
+  // AllreduceSum only. When set, this node's values are read from here
+  // (`count` elements, not overlapping `data` unless equal to it) and `data`
+  // only receives the result: an out-of-place allreduce, which spares the
+  // caller a copy.
+  const void* input = nullptr;
+  // AllreduceSum only: the result is the sum divided by this (at least 1;
+  // the job's world size for an average). A transport that divides only
+  // the part of the result it finished itself (TcpRing) does 1/N of the
+  // work of dividing the whole result on every node.
+  int64_t divisor = 1;
 };
 
 // One connected group of nodes (one gloo context, one NCCL communicator).
@@ -100,6 +110,15 @@ absl::Status ValidateConnectRequest(const ConnectRequest& request);
 // The store key of `key` under `prefix`: "<prefix>/<key>" ("<prefix><key>"
 // when the prefix is empty or ends in '/').
 std::string StoreKey(const std::string& prefix, const std::string& key);
+
+// The argument checks of every host AllreduceSum: INVALID_ARGUMENT naming
+// `on` (the communicator) for a data type without a reduction, null data
+// with elements to reduce, a size in bytes that overflows, or a divisor
+// below 1.
+absl::Status CheckAllreduceArguments(const void* data, size_t count,
+                                     v1::DataType dtype,
+                                     const CollectiveOptions& options,
+                                     const std::string& on);
 
 // "float32" for DATA_TYPE_FLOAT32, for error texts.
 std::string DataTypeName(v1::DataType dtype);

@@ -1,12 +1,12 @@
 #include "agent/transport/gloo/gloo_transport.h"
 
-#include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <stdexcept>
@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "agent/reduce.h"
 #include "agent/transport/gloo/gloo_store.h"
+#include "agent/transport/tcp_peers.h"
 #include "agent/transport/tcp_rounds.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
@@ -126,41 +127,6 @@ absl::Status ConnectError(const ConnectRequest& request,
       " did not publish their gloo address (", store_error.message(), ")"));
 }
 
-// The numeric addresses `hostname` resolves to, in resolver order. gloo
-// itself must only ever see a numeric address: its own lookup ignores
-// getaddrinfo's error codes and crashes on a name that does not resolve.
-absl::StatusOr<std::vector<std::string>> NumericAddresses(
-    const std::string& hostname) {
-  struct addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  struct addrinfo* result = nullptr;
-  const int rv = ::getaddrinfo(hostname.c_str(), nullptr, &hints, &result);
-  if (rv != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot resolve the data-plane address \"", hostname,
-                     "\": ", ::gai_strerror(rv)));
-  }
-  std::vector<std::string> addresses;
-  for (const struct addrinfo* rp = result; rp != nullptr; rp = rp->ai_next) {
-    char host[NI_MAXHOST];
-    if (::getnameinfo(rp->ai_addr, rp->ai_addrlen, host, sizeof host, nullptr,
-                      0, NI_NUMERICHOST) != 0) {
-      continue;
-    }
-    if (std::find(addresses.begin(), addresses.end(), host) ==
-        addresses.end()) {
-      addresses.push_back(host);
-    }
-  }
-  ::freeaddrinfo(result);
-  if (addresses.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the data-plane address \"", hostname, "\" resolves to nothing"));
-  }
-  return addresses;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -181,7 +147,7 @@ absl::StatusOr<std::unique_ptr<GlooTransport>> GlooTransport::Create(
   // node, not end the process.
   ::signal(SIGPIPE, SIG_IGN);
   const absl::StatusOr<std::vector<std::string>> addresses =
-      NumericAddresses(hostname);
+      tcp::NumericAddresses(hostname);
   if (!addresses.ok()) return addresses.status();
   std::string errors;
   for (const std::string& address : *addresses) {
@@ -267,22 +233,6 @@ std::string GlooCommunicator::Describe() const {
                       " nodes (node rank ", rank_, ")");
 }
 
-absl::Status GlooCommunicator::CheckUsable(
-    const CollectiveOptions& options) const {
-  if (poisoned()) {
-    absl::MutexLock lock(&mu_);
-    return absl::FailedPreconditionError(
-        absl::StrCat("communicator poisoned by ", poison_.ToString(),
-                     "; build a new communicator"));
-  }
-  if (options.timeout <= std::chrono::milliseconds(0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CollectiveOptions.timeout is ", options.timeout.count(),
-                     " ms on ", Describe(), ": give a positive timeout"));
-  }
-  return absl::OkStatus();
-}
-
 template <typename Op>
 absl::Status GlooCommunicator::Run(const std::string& what, Op&& op) {
   std::string text;
@@ -297,11 +247,7 @@ absl::Status GlooCommunicator::Run(const std::string& what, Op&& op) {
                                 what, " on ", Describe(), " timed out: ", text))
                           : absl::UnavailableError(absl::StrCat(
                                 what, " on ", Describe(), " failed: ", text));
-  {
-    absl::MutexLock lock(&mu_);
-    poison_ = status;
-  }
-  poisoned_.store(true, std::memory_order_release);
+  poison_.Set(status);
   // Peers blocked on this node fail now instead of after their timeout.
   try {
     context_->closeConnections();
@@ -314,23 +260,20 @@ absl::Status GlooCommunicator::Run(const std::string& what, Op&& op) {
 absl::Status GlooCommunicator::AllreduceSum(void* data, size_t count,
                                             v1::DataType dtype,
                                             const CollectiveOptions& options) {
-  if (absl::Status usable = CheckUsable(options); !usable.ok()) return usable;
-  const size_t element_size = ElementSize(dtype);
-  const PairwiseSum sum = element_size == 0 ? nullptr : PairwiseSumFor(dtype);
-  if (sum == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("allreduce on ", Describe(),
-                                                   ": unsupported data type ",
-                                                   DataTypeName(dtype)));
+  if (absl::Status usable = poison_.CheckUsable(options, Describe());
+      !usable.ok()) {
+    return usable;
+  }
+  if (absl::Status valid =
+          CheckAllreduceArguments(data, count, dtype, options, Describe());
+      !valid.ok()) {
+    return valid;
   }
   if (count == 0) return absl::OkStatus();
-  if (data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "allreduce of ", count, " elements on ", Describe(), ": data is null"));
-  }
-  if (count > std::numeric_limits<size_t>::max() / element_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "allreduce of ", count, " elements of ", DataTypeName(dtype), " on ",
-        Describe(), ": the size overflows"));
+  const size_t element_size = ElementSize(dtype);
+  const PairwiseSum sum = PairwiseSumFor(dtype);
+  if (options.input != nullptr && options.input != data) {
+    std::memcpy(data, options.input, count * element_size);
   }
   const std::string what = absl::StrCat("allreduce of ", count * element_size,
                                         " bytes (", DataTypeName(dtype), ")");
@@ -345,6 +288,9 @@ absl::Status GlooCommunicator::AllreduceSum(void* data, size_t count,
     opts.setTimeout(options.timeout);
     opts.setMaxSegmentSize(max_segment_bytes_);
     gloo::allreduce(opts);
+    if (options.divisor > 1) {
+      DivideInPlace(dtype, data, count, options.divisor);
+    }
   });
 }
 
@@ -367,7 +313,10 @@ absl::Status GlooCommunicator::ExchangeMin(int64_t*, size_t,
 
 absl::Status GlooCommunicator::Broadcast(void* data, size_t bytes, int root,
                                          const CollectiveOptions& options) {
-  if (absl::Status usable = CheckUsable(options); !usable.ok()) return usable;
+  if (absl::Status usable = poison_.CheckUsable(options, Describe());
+      !usable.ok()) {
+    return usable;
+  }
   if (root < 0 || root >= size_) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast on ", Describe(), ": root ", root,

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/transport/poison_state.h"
 #include "agent/transport/transport.h"
 
 namespace gloo {
@@ -122,13 +123,9 @@ class GlooCommunicator : public Communicator {
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
 
-  bool poisoned() const override {
-    return poisoned_.load(std::memory_order_acquire);
-  }
+  bool poisoned() const override { return poison_.is_set(); }
 
  private:
-  // FAILED_PRECONDITION when poisoned, INVALID_ARGUMENT for a bad timeout.
-  absl::Status CheckUsable(const CollectiveOptions& options) const;
   // Runs `op` (a gloo call), turning any exception into a status that
   // starts with `what`, and poisons the communicator on error.
   template <typename Op>
@@ -143,10 +140,7 @@ class GlooCommunicator : public Communicator {
   const int size_;
   const size_t max_segment_bytes_;
 
-  std::atomic<bool> poisoned_{false};
-  mutable absl::Mutex mu_;
-  // The error that poisoned this communicator.
-  absl::Status poison_ ABSL_GUARDED_BY(mu_);
+  PoisonState poison_;
 };
 
 }  // namespace baton::agent

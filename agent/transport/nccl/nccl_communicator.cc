@@ -413,7 +413,23 @@ absl::Status NcclCommunicator::AllreduceSum(void* data, size_t count,
                      ": this node drives ", Devices(local_devices()),
                      "; use DeviceAllreduce with one buffer per device"));
   }
-  return DeviceAllreduce({data}, count, dtype, DeviceReduceOp::kSum, options);
+  if (options.divisor != 1 && options.divisor != size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allreduce on ", Describe(), ": CollectiveOptions.divisor ",
+        options.divisor, " is neither 1 nor the group's ", size(),
+        " ranks (NCCL averages over the group only)"));
+  }
+  const void* input = options.input == nullptr ? data : options.input;
+  if (input != data) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allreduce on ", Describe(),
+        ": CollectiveOptions.input is for host communicators; NCCL "
+        "collectives run in place"));
+  }
+  return DeviceAllreduce(
+      {data}, count, dtype,
+      options.divisor == 1 ? DeviceReduceOp::kSum : DeviceReduceOp::kAverage,
+      options);
 }
 
 absl::Status NcclCommunicator::Broadcast(void* data, size_t bytes, int root,

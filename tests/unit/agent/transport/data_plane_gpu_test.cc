@@ -422,6 +422,13 @@ TEST_F(DataPlaneGpuTest, AbortEndsAnNcclCollectiveInFlightAtOnce) {
   for (int n = 0; n < 2; ++n) {
     const absl::Status status =
         nodes_[n]->WaitDone(ids[n], std::chrono::seconds(30));
+    // Node 0 is aborted first. Node 1 may hear first that node 0 closed
+    // the negotiation (its scheduler stops with that) before its own
+    // Abort: either way its collective ends at once.
+    if (n == 1 && status.code() == absl::StatusCode::kUnavailable) {
+      EXPECT_THAT(status.message(), HasSubstr("node rank 0 closed"));
+      continue;
+    }
     EXPECT_EQ(status.code(), absl::StatusCode::kAborted)
         << "node " << n << ": " << status;
     EXPECT_THAT(status.message(), HasSubstr("generation 1 was aborted"));

@@ -47,7 +47,7 @@ TEST(GlooBenchmark, DISABLED_Allreduce64MiB) {
   for (const Config& config : configs) {
     GlooTransport::Options options;
     options.max_segment_bytes = config.segment;
-    Cluster cluster(kNodes, options);
+    Cluster cluster(kNodes, DataTransport::kGloo, options);
     ASSERT_TRUE(cluster.Connect(config.communicators));
     std::vector<std::vector<float>> data(kNodes,
                                          std::vector<float>(kCount, 1.0f));

@@ -7,13 +7,16 @@
 #include <utility>
 #include <vector>
 
+#include "agent/operation.h"
 #include "agent/transport/gloo/gloo_transport.h"
+#include "agent/transport/tcp_transport.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/transport/memory_store.h"
 #include "tests/unit/agent/transport/node_threads.h"
 
-// Test helpers for the gloo transport: N nodes as N threads of one process,
-// each with its own GlooTransport on loopback, sharing an in-memory store.
+// Test helpers for the host transports: N nodes as N threads of one
+// process, each with its own transport (GlooTransport, or TcpTransport) on
+// loopback, sharing an in-memory store.
 
 namespace baton::agent {
 
@@ -23,17 +26,24 @@ inline constexpr std::chrono::milliseconds kConnectTimeout{10000};
 struct Cluster {
   std::shared_ptr<MemoryKeyValueStore> store =
       std::make_shared<MemoryKeyValueStore>();
-  std::vector<std::unique_ptr<GlooTransport>> transports;
+  std::vector<std::unique_ptr<Transport>> transports;
   // [node rank][communicator index]
   std::vector<std::vector<std::unique_ptr<Communicator>>> communicators;
   // [node rank]: the negotiation rounds (ConnectNegotiation).
   std::vector<std::unique_ptr<Communicator>> negotiations;
 
-  explicit Cluster(int nodes, GlooTransport::Options options = {}) {
+  explicit Cluster(int nodes, DataTransport kind = DataTransport::kGloo,
+                   GlooTransport::Options options = {}) {
     for (int rank = 0; rank < nodes; ++rank) {
-      auto transport = GlooTransport::Create("127.0.0.1", options);
-      EXPECT_TRUE(transport.ok()) << transport.status();
-      transports.push_back(std::move(transport).value());
+      if (kind == DataTransport::kTcp) {
+        auto transport = TcpTransport::Create("127.0.0.1");
+        EXPECT_TRUE(transport.ok()) << transport.status();
+        transports.push_back(std::move(transport).value());
+      } else {
+        auto transport = GlooTransport::Create("127.0.0.1", options);
+        EXPECT_TRUE(transport.ok()) << transport.status();
+        transports.push_back(std::move(transport).value());
+      }
     }
     communicators.resize(nodes);
     negotiations.resize(nodes);

@@ -1,6 +1,8 @@
-// The gloo transport with N nodes as N threads in one process, each node with
-// its own GlooTransport (its own TCP device) on loopback, bootstrapped through
-// an in-memory store.
+// The host transports with N nodes as N threads in one process, each node
+// with its own transport on loopback, bootstrapped through an in-memory
+// store: the collectives, several communicators, failures and mismatches on
+// both GlooTransport and TcpTransport (TcpRing); the connect errors and the
+// rounds on gloo's communicators.
 #include "agent/transport/gloo/gloo_transport.h"
 
 #include <chrono>
@@ -15,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "agent/reduce.h"
+#include "agent/transport/tcp_ring.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/transport/gloo_cluster.h"
@@ -53,15 +56,23 @@ size_t Elements(Size size, size_t element_size) {
   return 0;
 }
 
+std::string KindName(DataTransport kind) {
+  return kind == DataTransport::kTcp ? "Tcp" : "Gloo";
+}
+
+const auto kKinds =
+    ::testing::Values(DataTransport::kGloo, DataTransport::kTcp);
+
 class GlooCollectivesTest
-    : public ::testing::TestWithParam<std::tuple<int, Size>> {
+    : public ::testing::TestWithParam<std::tuple<DataTransport, int, Size>> {
  protected:
-  int nodes() const { return std::get<0>(GetParam()); }
-  Size size() const { return std::get<1>(GetParam()); }
+  DataTransport kind() const { return std::get<0>(GetParam()); }
+  int nodes() const { return std::get<1>(GetParam()); }
+  Size size() const { return std::get<2>(GetParam()); }
 };
 
 TEST_P(GlooCollectivesTest, AllreduceSumIsExactForEveryType) {
-  Cluster cluster(nodes());
+  Cluster cluster(nodes(), kind());
   ASSERT_TRUE(cluster.Connect());
   for (v1::DataType dtype : kAllTypes) {
     SCOPED_TRACE(v1::DataType_Name(dtype));
@@ -87,8 +98,45 @@ TEST_P(GlooCollectivesTest, AllreduceSumIsExactForEveryType) {
   }
 }
 
+// CollectiveOptions.input and divisor: the input is only read, and the
+// output is the sum divided once (an average), the same on every node.
+TEST_P(GlooCollectivesTest, OutOfPlaceAverageLeavesTheInputAlone) {
+  Cluster cluster(nodes(), kind());
+  ASSERT_TRUE(cluster.Connect());
+  const int64_t divisor = nodes() + 1;  // a world of more ranks than nodes
+  for (v1::DataType dtype : kAllTypes) {
+    SCOPED_TRACE(v1::DataType_Name(dtype));
+    const size_t element_size = ElementSize(dtype);
+    const size_t count = Elements(size(), element_size);
+    std::vector<uint8_t> expected(count * element_size);
+    for (size_t i = 0; i < count; ++i) {
+      int64_t sum = 0;
+      for (int rank = 0; rank < nodes(); ++rank) sum += Value(rank, i, dtype);
+      WriteElement(dtype, expected.data(), i, sum);
+    }
+    DivideInPlace(dtype, expected.data(), count, divisor);
+    OnEveryNode(nodes(), [&](int rank) {
+      std::vector<uint8_t> input(count * element_size);
+      for (size_t i = 0; i < count; ++i) {
+        WriteElement(dtype, input.data(), i, Value(rank, i, dtype));
+      }
+      const std::vector<uint8_t> original = input;
+      std::vector<uint8_t> output(count * element_size, 0xab);
+      CollectiveOptions options{kOpTimeout, 0};
+      options.input = input.data();
+      options.divisor = divisor;
+      const absl::Status status = cluster.communicators[rank][0]->AllreduceSum(
+          output.data(), count, dtype, options);
+      ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
+      EXPECT_EQ(FirstDifference(output, expected), -1) << "node " << rank;
+      EXPECT_EQ(FirstDifference(input, original), -1)
+          << "node " << rank << ": the input was written";
+    });
+  }
+}
+
 TEST_P(GlooCollectivesTest, BroadcastFromEveryRoot) {
-  Cluster cluster(nodes());
+  Cluster cluster(nodes(), kind());
   ASSERT_TRUE(cluster.Connect());
   const size_t bytes = Elements(size(), 1);
   for (int root = 0; root < nodes(); ++root) {
@@ -120,26 +168,36 @@ std::string SizeName(Size size) {
 
 INSTANTIATE_TEST_SUITE_P(
     NodesAndSizes, GlooCollectivesTest,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4),
+    ::testing::Combine(kKinds, ::testing::Values(1, 2, 3, 4, 5),
                        ::testing::Values(Size::kOneElement, Size::kOdd,
                                          Size::kLarge)),
-    [](const ::testing::TestParamInfo<std::tuple<int, Size>>& info) {
-      return absl::StrCat(std::get<0>(info.param), "Nodes_",
-                          SizeName(std::get<1>(info.param)));
+    [](const ::testing::TestParamInfo<std::tuple<DataTransport, int, Size>>&
+           info) {
+      return absl::StrCat(KindName(std::get<0>(info.param)), "_",
+                          std::get<1>(info.param), "Nodes_",
+                          SizeName(std::get<2>(info.param)));
     });
+
+// The kinds and node counts of the other suites.
+using KindAndNodes = std::tuple<DataTransport, int>;
+std::string KindAndNodesName(
+    const ::testing::TestParamInfo<KindAndNodes>& info) {
+  return absl::StrCat(KindName(std::get<0>(info.param)), "_",
+                      std::get<1>(info.param), "Nodes");
+}
 
 // --- Several communicators ---------------------------------------------------
 
-class GlooCommunicatorsTest : public ::testing::TestWithParam<int> {};
+class GlooCommunicatorsTest : public ::testing::TestWithParam<KindAndNodes> {};
 
 // Each communicator is its own set of connections: one thread per
 // communicator, all at once, different data on each, every result right.
 TEST_P(GlooCommunicatorsTest, ParallelCommunicatorsKeepTheirData) {
-  const int nodes = GetParam();
+  const int nodes = std::get<1>(GetParam());
   constexpr int kCommunicators = 3;
   constexpr int kRounds = 4;
   constexpr size_t kCount = (size_t{1} << 18) + 3;
-  Cluster cluster(nodes);
+  Cluster cluster(nodes, std::get<0>(GetParam()));
   ASSERT_TRUE(cluster.Connect(kCommunicators));
   for (int rank = 0; rank < nodes; ++rank) {
     for (int c = 0; c < kCommunicators; ++c) {
@@ -179,7 +237,9 @@ TEST_P(GlooCommunicatorsTest, ParallelCommunicatorsKeepTheirData) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Nodes, GlooCommunicatorsTest,
-                         ::testing::Values(1, 2, 3, 4));
+                         ::testing::Combine(kKinds,
+                                            ::testing::Values(1, 2, 3, 4)),
+                         KindAndNodesName);
 
 // --- Negotiation rounds -----------------------------------------------------
 
@@ -215,14 +275,17 @@ TEST(GlooRoundsTest, RoundsAreUnimplementedAndDoNotPoison) {
 
 // --- Failures ----------------------------------------------------------------
 
-class GlooFailureTest : public ::testing::TestWithParam<int> {};
+class GlooFailureTest : public ::testing::TestWithParam<KindAndNodes> {
+ protected:
+  DataTransport kind() const { return std::get<0>(GetParam()); }
+};
 
 // A node that drops its communicator (a crashed agent) makes every other
 // node fail promptly, even those not next to it in the ring and even with a
 // long timeout: each survivor closes its connections on error.
 TEST_P(GlooFailureTest, PeerThatDestroysItsCommunicatorFailsEveryOtherNode) {
-  const int nodes = GetParam();
-  Cluster cluster(nodes);
+  const int nodes = std::get<1>(GetParam());
+  Cluster cluster(nodes, kind());
   ASSERT_TRUE(cluster.Connect());
   constexpr size_t kCount = size_t{1} << 20;
   const std::string what = absl::StrCat(
@@ -265,8 +328,8 @@ TEST_P(GlooFailureTest, PeerThatDestroysItsCommunicatorFailsEveryOtherNode) {
 // time out after the configured timeout (not gloo's 30 s default) instead
 // of hanging, and the silent node fails at once when it finally calls.
 TEST_P(GlooFailureTest, SilentPeerMakesOthersTimeOut) {
-  const int nodes = GetParam();
-  Cluster cluster(nodes);
+  const int nodes = std::get<1>(GetParam());
+  Cluster cluster(nodes, kind());
   ASSERT_TRUE(cluster.Connect());
   constexpr size_t kCount = 1000;
   std::vector<absl::Status> statuses(nodes);
@@ -305,7 +368,9 @@ TEST_P(GlooFailureTest, SilentPeerMakesOthersTimeOut) {
   EXPECT_LT(Since(start).count(), (kShortTimeout + kFailFast).count()) << late;
 }
 
-INSTANTIATE_TEST_SUITE_P(Nodes, GlooFailureTest, ::testing::Values(2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Nodes, GlooFailureTest,
+                         ::testing::Combine(kKinds, ::testing::Values(2, 3, 4)),
+                         KindAndNodesName);
 
 // Regression: gloo's event-loop thread threw (std::terminate, the whole
 // agent gone) when a peer's message was larger than the receive posted for
@@ -335,6 +400,102 @@ TEST(GlooMismatchTest, NodesThatDisagreeOnSizeOrTypeFailInsteadOfCrashing) {
           << "node " << rank << ": " << status;
     }
   }
+}
+
+// TcpRing: every operation starts with a header, so nodes that disagree on
+// the collective, its size, type or root fail at once with
+// FAILED_PRECONDITION naming both sides, instead of at the timeout.
+TEST(TcpRingMismatchTest, NodesThatDisagreeFailAtOnceNamingBothSides) {
+  Cluster cluster(2, DataTransport::kTcp);
+  ASSERT_TRUE(cluster.Connect(4));
+  std::vector<absl::Status> sizes(2), types(2), roots(2), kinds(2);
+  const auto start = SteadyClock::now();
+  OnEveryNode(2, [&](int rank) {
+    const CollectiveOptions options{kOpTimeout, 0};
+    std::vector<float> data(rank == 0 ? 1000 : 3000, 1.0f);
+    sizes[rank] = cluster.communicators[rank][0]->AllreduceSum(
+        data.data(), data.size(), v1::DATA_TYPE_FLOAT32, options);
+    std::vector<uint8_t> bytes(4002);
+    types[rank] = cluster.communicators[rank][1]->AllreduceSum(
+        bytes.data(), 1000,
+        rank == 0 ? v1::DATA_TYPE_FLOAT32 : v1::DATA_TYPE_INT32, options);
+    roots[rank] = cluster.communicators[rank][2]->Broadcast(bytes.data(), 100,
+                                                            rank, options);
+    kinds[rank] = rank == 0
+                      ? cluster.communicators[rank][3]->Broadcast(
+                            bytes.data(), 400, 0, options)
+                      : cluster.communicators[rank][3]->AllreduceSum(
+                            bytes.data(), 100, v1::DATA_TYPE_FLOAT32, options);
+  });
+  EXPECT_LT(Since(start).count(), kFailFast.count());
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(absl::StrCat("node ", rank));
+    EXPECT_EQ(sizes[rank].code(), absl::StatusCode::kFailedPrecondition)
+        << sizes[rank];
+    EXPECT_THAT(sizes[rank].message(), HasSubstr("of 4000 bytes"));
+    EXPECT_THAT(sizes[rank].message(), HasSubstr("of 12000 bytes"));
+    EXPECT_THAT(sizes[rank].message(),
+                HasSubstr("disagree on the order of collectives"));
+    EXPECT_EQ(types[rank].code(), absl::StatusCode::kFailedPrecondition)
+        << types[rank];
+    EXPECT_THAT(types[rank].message(), HasSubstr("dtype"));
+    // Each node is the root it names: neither sends what the other awaits,
+    // both send a header.
+    EXPECT_EQ(roots[rank].code(), absl::StatusCode::kFailedPrecondition)
+        << roots[rank];
+    EXPECT_THAT(roots[rank].message(), HasSubstr("root 0"));
+    EXPECT_THAT(roots[rank].message(), HasSubstr("root 1"));
+    EXPECT_EQ(kinds[rank].code(), absl::StatusCode::kFailedPrecondition)
+        << kinds[rank];
+    EXPECT_TRUE(cluster.communicators[rank][0]->poisoned());
+  }
+  EXPECT_THAT(kinds[1].message(), HasSubstr("runs broadcast"));
+}
+
+// A ring's communicators answer the negotiation's calls UNIMPLEMENTED
+// without touching the network, and stay usable.
+TEST(TcpRingTest, RoundsAreUnimplementedAndDoNotPoison) {
+  Cluster cluster(2, DataTransport::kTcp);
+  ASSERT_TRUE(cluster.Connect());
+  OnEveryNode(2, [&](int rank) {
+    Communicator& communicator = *cluster.communicators[rank][0];
+    std::vector<int64_t> vector = {rank};
+    EXPECT_EQ(
+        communicator
+            .ExchangeMin(vector.data(), 1, CollectiveOptions{kOpTimeout, 0})
+            .code(),
+        absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(communicator.AwaitRound(1).status().code(),
+              absl::StatusCode::kUnimplemented);
+    EXPECT_FALSE(communicator.poisoned());
+    std::vector<int32_t> data(10, rank + 1);
+    ASSERT_TRUE(communicator
+                    .AllreduceSum(data.data(), data.size(), v1::DATA_TYPE_INT32,
+                                  CollectiveOptions{kOpTimeout, 0})
+                    .ok());
+    EXPECT_EQ(data, std::vector<int32_t>(10, 3));
+  });
+}
+
+// A ring connects each node to its two neighbours only, under its own keys.
+TEST(TcpRingTest, MissingNeighbourGivesDeadlineExceededNamingIt) {
+  Cluster cluster(3, DataTransport::kTcp);
+  std::vector<absl::Status> statuses(2);
+  OnEveryNode(2, [&](int rank) {
+    statuses[rank] = cluster.transports[rank]
+                         ->Connect(cluster.Request(rank, 1, kShortTimeout))
+                         .status();
+  });
+  // Node 0 waits for node 2 to connect; node 1 waits for node 2's address.
+  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded)
+      << statuses[0];
+  EXPECT_THAT(statuses[0].message(),
+              HasSubstr("node rank(s) 2 did not connect"));
+  EXPECT_EQ(statuses[1].code(), absl::StatusCode::kDeadlineExceeded)
+      << statuses[1];
+  EXPECT_THAT(statuses[1].message(),
+              HasSubstr("connecting communicator c0 of 3"));
+  EXPECT_THAT(statuses[1].message(), HasSubstr("baton/job/1/ring/c0"));
 }
 
 TEST(GlooConnectTest, MissingPeerGivesDeadlineExceededNamingIt) {
@@ -379,7 +540,7 @@ TEST(GlooConnectTest, AbortedStoreGivesAborted) {
 
 TEST(GlooConnectTest, InvalidRequestsAreRejected) {
   Cluster cluster(1);
-  GlooTransport& transport = *cluster.transports[0];
+  Transport& transport = *cluster.transports[0];
   ConnectRequest request = cluster.Request(0, 1, kShortTimeout);
   request.node_rank = 1;
   EXPECT_EQ(transport.Connect(request).status().code(),

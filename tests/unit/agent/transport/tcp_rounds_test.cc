@@ -615,7 +615,7 @@ TEST(TcpRoundsConnectTest, AbortedStoreGivesAborted) {
 
 TEST(TcpRoundsConnectTest, InvalidRequestsAreRejected) {
   Cluster cluster(1);
-  GlooTransport& transport = *cluster.transports[0];
+  Transport& transport = *cluster.transports[0];
   const auto code = [&](const ConnectRequest& request) {
     return transport.ConnectNegotiation(request).status().code();
   };

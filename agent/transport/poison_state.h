@@ -1,0 +1,61 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/transport/transport.h"
+
+namespace baton::agent {
+
+// A communicator's poison (Communicator's contract): the error of the
+// collective that failed, after which every call fails with
+// FAILED_PRECONDITION naming it. Thread-safe; is_set() never blocks.
+class PoisonState {
+ public:
+  bool is_set() const { return set_.load(std::memory_order_acquire); }
+
+  // Records `status`.
+  void Set(absl::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      status_ = std::move(status);
+    }
+    set_.store(true, std::memory_order_release);
+  }
+
+  // OK until set; then FAILED_PRECONDITION "<what> poisoned by <error>;
+  // build <again>".
+  absl::Status Check(const std::string& what = "communicator",
+                     const std::string& again = "a new communicator") const {
+    if (!is_set()) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " poisoned by ", status_.ToString(), "; build ", again));
+  }
+
+  // Check(), then INVALID_ARGUMENT naming `on` for a timeout that is not
+  // positive: what every collective checks first.
+  absl::Status CheckUsable(const CollectiveOptions& options,
+                           const std::string& on) const {
+    if (absl::Status poisoned = Check(); !poisoned.ok()) return poisoned;
+    if (options.timeout <= std::chrono::milliseconds(0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CollectiveOptions.timeout is ", options.timeout.count(),
+                       " ms on ", on, ": give a positive timeout"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::atomic<bool> set_{false};
+  mutable absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace baton::agent

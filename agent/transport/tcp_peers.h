@@ -1,0 +1,72 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/transport/transport.h"
+
+namespace baton::agent {
+
+// TCP connections between the agents of one job for one generation, made
+// through the rendezvous store: what the negotiation rounds (TcpRounds) and
+// the host collectives (TcpRing) share.
+namespace tcp {
+
+using Clock = std::chrono::steady_clock;
+
+// "<call>: <strerror(errno)>".
+std::string Errno(const char* call);
+
+// Milliseconds left until `deadline` for poll(2), rounded up (a wait never
+// ends before the deadline), at least 0.
+int PollMillis(Clock::time_point deadline);
+
+// Writes exactly `bytes` on a non-blocking socket by `deadline`;
+// UNAVAILABLE or DEADLINE_EXCEEDED starting with `what` otherwise.
+absl::Status SendAll(int fd, const void* data, size_t bytes,
+                     Clock::time_point deadline, const std::string& what);
+
+// The numeric addresses `hostname` resolves to, in resolver order;
+// INVALID_ARGUMENT naming it when it resolves to nothing. Sockets (and gloo,
+// whose own lookup ignores getaddrinfo's error codes and crashes on a name
+// that does not resolve) only ever see a numeric address.
+absl::StatusOr<std::vector<std::string>> NumericAddresses(
+    const std::string& hostname);
+
+// What a set of connections is called in errors and in the store.
+struct PeerSet {
+  // The keys live under "<request.prefix>/<name>/<rank>".
+  std::string name;
+  // "negotiation" or "data": "binding the <kind> socket", "published <kind>
+  // address".
+  std::string kind;
+  // Starts every error: "connecting the negotiation of 3 nodes (...)".
+  std::string what;
+};
+
+// Connects this node to every node rank r with wanted[r] (this node's own
+// entry is ignored; `wanted` must be symmetric: r wants this node too).
+// Each node listens on an ephemeral port of `address` (a numeric IP address
+// of this node), publishes "<host> <port>" under the set's key, connects to
+// every wanted lower rank and introduces itself (magic, its rank, a hash of
+// the key prefix), and accepts every wanted higher rank. Introductions are
+// read as they arrive, so a connection that says nothing holds up nobody;
+// one that is not a wanted peer of this set is dropped.
+//
+// Returns one fd per node rank (-1 for this node and the ones not wanted):
+// non-blocking, TCP_NODELAY, owned by the caller. Errors like
+// Transport::Connect: DEADLINE_EXCEEDED naming the node ranks that never
+// published or connected by request.timeout; the store's own code
+// (ABORTED: the generation ended); UNAVAILABLE for a socket error;
+// INVALID_ARGUMENT for a bad request or address.
+absl::StatusOr<std::vector<int>> ConnectPeers(const ConnectRequest& request,
+                                              const std::string& address,
+                                              const PeerSet& set,
+                                              const std::vector<bool>& wanted);
+
+}  // namespace tcp
+}  // namespace baton::agent

@@ -1,0 +1,52 @@
+#include "agent/transport/tcp_transport.h"
+
+#include <signal.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "agent/transport/tcp_peers.h"
+#include "agent/transport/tcp_ring.h"
+#include "agent/transport/tcp_rounds.h"
+
+namespace baton::agent {
+
+absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(
+    const std::string& hostname) {
+  if (hostname.empty()) {
+    return absl::InvalidArgumentError(
+        "the TCP transport needs the hostname or IP address to bind");
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  absl::StatusOr<std::vector<std::string>> addresses =
+      tcp::NumericAddresses(hostname);
+  if (!addresses.ok()) return addresses.status();
+  return std::unique_ptr<TcpTransport>(
+      new TcpTransport(std::move(addresses->front())));
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>
+TcpTransport::Connect(const ConnectRequest& request) {
+  if (absl::Status valid = ValidateConnectRequest(request); !valid.ok()) {
+    return valid;
+  }
+  std::vector<std::unique_ptr<Communicator>> rings;
+  rings.reserve(request.count);
+  for (int i = 0; i < request.count; ++i) {
+    absl::StatusOr<std::unique_ptr<TcpRing>> ring =
+        TcpRing::Connect(request, address_, absl::StrCat("c", i));
+    if (!ring.ok()) return ring.status();
+    rings.push_back(std::move(ring).value());
+  }
+  return rings;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> TcpTransport::ConnectNegotiation(
+    const ConnectRequest& request) {
+  absl::StatusOr<std::unique_ptr<TcpRounds>> rounds =
+      TcpRounds::Connect(request, address_);
+  if (!rounds.ok()) return rounds.status();
+  return std::unique_ptr<Communicator>(std::move(rounds).value());
+}
+
+}  // namespace baton::agent

@@ -1,0 +1,43 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/transport/transport.h"
+
+namespace baton::agent {
+
+// The CPU data plane on baton's own TCP connections: every data
+// communicator is a TcpRing (ring collectives run by the calling thread),
+// the negotiation is TcpRounds. No thread of its own. The agent's default
+// (--data_transport=tcp); GlooTransport is the alternative.
+//
+// Thread-safe.
+class TcpTransport : public Transport {
+ public:
+  // Binds to `hostname` (an IP address, or a name resolving to the
+  // interface peers reach this node on); INVALID_ARGUMENT when it does not
+  // resolve. Also ignores SIGPIPE for the whole process: a peer that closes
+  // its connection must give an error on the survivors, not kill them.
+  static absl::StatusOr<std::unique_ptr<TcpTransport>> Create(
+      const std::string& hostname);
+
+  // Connects request.count rings one after the other, communicator i (ring
+  // c<i>) under
+  // "<prefix>/ring/c<i>"; request.timeout bounds each.
+  absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> Connect(
+      const ConnectRequest& request) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> ConnectNegotiation(
+      const ConnectRequest& request) override;
+
+  const std::string& address() const { return address_; }
+
+ private:
+  explicit TcpTransport(std::string address) : address_(std::move(address)) {}
+
+  const std::string address_;
+};
+
+}  // namespace baton::agent
