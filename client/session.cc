@@ -276,7 +276,10 @@ class Session::Impl {
 
     const bool is_root =
         op == v1::COLLECTIVE_OP_BROADCAST && client_->rank() == root_rank;
-    if (!on_device && (op == v1::COLLECTIVE_OP_PUSH_PULL || is_root)) {
+    // A caller that keeps its data in the input region (Regions) has
+    // nothing to copy.
+    if (!on_device && (op == v1::COLLECTIVE_OP_PUSH_PULL || is_root) &&
+        request.input != tensor->input()) {
       std::memcpy(tensor->input(), request.input,
                   static_cast<size_t>(tensor->size_bytes()));
     }
@@ -299,6 +302,22 @@ class Session::Impl {
     return operation;
   }
 
+  absl::StatusOr<HostRegions> Regions(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "tensor \"", name, "\" is not declared: declare it first"));
+    }
+    const Tensor& tensor = *it->second;
+    if (tensor.input() == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor \"", name,
+          "\" is in CUDA memory: it has no shared-memory regions"));
+    }
+    return HostRegions{tensor.input(), tensor.output(), tensor.size_bytes()};
+  }
+
   absl::Status Synchronize(const OperationHandle& operation,
                            std::chrono::milliseconds timeout) {
     if (operation == nullptr) {
@@ -313,7 +332,8 @@ class Session::Impl {
     }
     std::lock_guard<std::mutex> op_lock(operation->mu);
     if (operation->delivered) return operation->outcome;
-    if (status.ok() && operation->destination != nullptr) {
+    if (status.ok() && operation->destination != nullptr &&
+        operation->destination != operation->tensor->output()) {
       std::memcpy(operation->destination, operation->tensor->output(),
                   static_cast<size_t>(operation->tensor->size_bytes()));
     }
@@ -537,6 +557,10 @@ absl::StatusOr<OperationHandle> Session::BroadcastAsync(
   request.cuda = MakeCudaBuffer(buffer);
   request.root_rank = root_rank;
   return impl_->Start(request);
+}
+
+absl::StatusOr<HostRegions> Session::Regions(const std::string& name) const {
+  return impl_->Regions(name);
 }
 
 bool Session::Poll(const OperationHandle& handle) const {

@@ -31,6 +31,16 @@ struct PyOperation {
   OperationHandle handle;
 };
 
+// One of a host tensor's shared-memory regions as a Python buffer (bytes,
+// writable), for torch.frombuffer. It keeps the Session alive, so that the
+// mapping outlives every tensor made from it.
+struct SharedRegion {
+  uint8_t* data = nullptr;
+  int64_t bytes = 0;
+  bool writable = false;
+  py::object session;
+};
+
 // Carries an absl::Status to the exception translator.
 struct StatusError {
   absl::Status status;
@@ -157,6 +167,16 @@ PYBIND11_MODULE(_baton, m) {
   py::class_<baton::PyOperation>(m, "Operation",
                                  "A started push-pull or broadcast (opaque).");
 
+  py::class_<baton::SharedRegion>(m, "SharedRegion", py::buffer_protocol(),
+                                  "A tensor's shared-memory region (a "
+                                  "buffer of bytes; keeps the session alive).")
+      .def_buffer([](baton::SharedRegion& r) {
+        return py::buffer_info(r.data, 1,
+                               py::format_descriptor<uint8_t>::format(), 1,
+                               {r.bytes}, {1}, !r.writable);
+      })
+      .def("__len__", [](const baton::SharedRegion& r) { return r.bytes; });
+
   py::class_<Session>(m, "Session")
       .def_static("init", &baton::InitSession,
                   py::arg("attach_timeout") = py::none(),
@@ -211,6 +231,23 @@ PYBIND11_MODULE(_baton, m) {
           py::arg("average"), py::arg("output"),
           "Copies `data` in and starts the push-pull; synchronize() writes "
           "the result to `output`.")
+      .def(
+          "host_regions",
+          [](py::object self, const std::string& name) {
+            Session& s = self.cast<Session&>();
+            const baton::HostRegions regions = baton::Check(s.Regions(name));
+            return py::make_tuple(
+                baton::SharedRegion{regions.input, regions.size_bytes, true,
+                                    self},
+                baton::SharedRegion{const_cast<uint8_t*>(regions.output),
+                                    regions.size_bytes, true, self});
+          },
+          py::arg("name"),
+          "(input, result): a declared host tensor's shared-memory regions as "
+          "buffers (both writable for torch.frombuffer). push_pull_async with "
+          "data = the input region copies "
+          "nothing in, with output = the result region nothing out. The "
+          "result region is the agent's to write: read it only.")
       .def(
           "broadcast_async",
           [](Session& s, const std::string& name, uintptr_t data, int dtype,

@@ -132,6 +132,40 @@ def test_num_steps_smaller_than_the_real_count_finishes_with_every_update():
     assert_same(model, reference(sgd, STEPS), "num_steps too small")
 
 
+def test_gradients_accumulate_in_shared_memory_and_zero_grad_waits_for_them():
+    """Both optimizers keep p.grad in the push-pull's shared input region
+    (nothing is copied in). ScheduledOptimizer's zero_grad(), called while
+    push-pulls still read those gradients, zeroes them only once each has
+    completed: the training matches the reference exactly as before."""
+    model = make_model()
+    optimizer = bt.ScheduledOptimizer(model, sgd(model), num_steps=STEPS)
+    for name, p in model.named_parameters():
+        shared, _ = bt._require().host_regions("Gradient." + name)
+        view = torch.frombuffer(shared, dtype=torch.uint8)
+        assert p.grad is not None and p.grad.data_ptr() == view.data_ptr(), name
+    for step in range(STEPS):
+        x, y = batch(step, bt.rank())
+        optimizer.zero_grad()  # the previous step's push-pulls may be in flight
+        loss_fn(model, x, y).backward()
+        optimizer.step()
+    optimizer.close()
+    assert_same(model, reference(sgd, STEPS), "gradients in shared memory")
+
+    # A second model with the same parameter names while the first lives:
+    # its gradients must not alias the first one's, so they stay its own
+    # (copied in and out as before), and it still trains right.
+    second = make_model()
+    distributed = bt.DistributedOptimizer(sgd(second), named_parameters=second.named_parameters())
+    assert all(p.grad is None for p in second.parameters())
+    for step in range(STEPS):
+        x, y = batch(step, bt.rank())
+        distributed.zero_grad()
+        loss_fn(second, x, y).backward()
+        distributed.step()
+    assert_same(second, reference(sgd, STEPS), "second model, same names")
+    assert_same(model, reference(sgd, STEPS), "first model untouched by the second")
+
+
 def test_every_module_owning_parameters_is_gated():
     model = make_model()
     optimizer = bt.ScheduledOptimizer(model, sgd(model))

@@ -64,6 +64,14 @@ struct DeviceBuffer {
   std::string pci_bus_id;
 };
 
+// A declared host tensor's shared memory on this node: this trainer's input
+// region and the result region, size_bytes each (Session::HostRegions).
+struct HostRegions {
+  uint8_t* input = nullptr;
+  const uint8_t* output = nullptr;
+  int64_t size_bytes = 0;
+};
+
 // Bytes of one element of `dtype`; 0 for DATA_TYPE_UNSPECIFIED or unknown.
 int64_t ElementSize(v1::DataType dtype);
 
@@ -123,6 +131,16 @@ class Session {
   // A CUDA tensor.
   absl::Status DeclareTensor(const std::string& name,
                              const DeviceBuffer& buffer, v1::CollectiveOp op);
+
+  // A declared host tensor's shared-memory regions, for callers that keep
+  // their data there (the PyTorch optimizers let gradients accumulate in
+  // the input region): an operation whose buffer is the input region copies
+  // nothing in, and one whose output is the result region copies nothing
+  // out. The agent only reads the input region; the result region holds
+  // the last result until the next operation of the name completes. Valid
+  // until the Session is destroyed. NOT_FOUND for a name not declared,
+  // FAILED_PRECONDITION for a CUDA tensor.
+  absl::StatusOr<HostRegions> Regions(const std::string& name) const;
 
   // Sum (average = false) or mean of `buffer` over every rank, written back
   // into `buffer` by Synchronize. Declares `name` as a push-pull tensor on

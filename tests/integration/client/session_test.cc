@@ -196,6 +196,43 @@ TEST_F(SessionTest, PushPullSumsAndAveragesIntoTheCallersBufferOnSynchronize) {
   });
 }
 
+// A caller that keeps its data in the tensor's shared memory (Regions):
+// the input region is only read (it keeps the local values), the result
+// region receives the mean, and Synchronize has nothing to copy.
+TEST_F(SessionTest, PushPullFromAndIntoTheSharedRegionsCopiesNothing) {
+  ASSERT_NO_FATAL_FAILURE(StartJob("regions", 2, 2));
+  OnEveryRank([](size_t, Session& session) {
+    const absl::StatusOr<HostRegions> missing = session.Regions("w");
+    EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound)
+        << missing.status();
+    EXPECT_THAT(missing.status().message(), HasSubstr("not declared"));
+    ASSERT_TRUE(session
+                    .DeclareTensor("w", v1::DATA_TYPE_FLOAT32, {3, 5},
+                                   v1::COLLECTIVE_OP_PUSH_PULL)
+                    .ok());
+    const absl::StatusOr<HostRegions> regions = session.Regions("w");
+    ASSERT_TRUE(regions.ok()) << regions.status();
+    ASSERT_EQ(regions->size_bytes, 15 * 4);
+    auto* input = reinterpret_cast<float*>(regions->input);
+    const auto* result = reinterpret_cast<const float*>(regions->output);
+    const int r = session.rank();
+    for (int step = 0; step < 3; ++step) {
+      for (int i = 0; i < 15; ++i) input[i] = r + i + step;
+      Buffer buffer{regions->input, v1::DATA_TYPE_FLOAT32, {3, 5}};
+      auto handle = session.PushPullAsync(
+          "w", buffer, const_cast<uint8_t*>(regions->output), true);
+      ASSERT_TRUE(handle.ok()) << handle.status();
+      ASSERT_TRUE(session.Synchronize(*handle).ok());
+      for (int i = 0; i < 15; ++i) {
+        // Ranks 0..3: the mean of r is 1.5.
+        EXPECT_EQ(result[i], 1.5f + i + step) << "step " << step << " " << i;
+        EXPECT_EQ(input[i], static_cast<float>(r + i + step))
+            << "the input region was written";
+      }
+    }
+  });
+}
+
 TEST_F(SessionTest, BroadcastGivesEveryRankTheRootsExactBytes) {
   ASSERT_NO_FATAL_FAILURE(StartJob("broadcast", 2, 2));
   // Different on every rank and root, and not all valid numbers.

@@ -67,6 +67,9 @@ _next_handle = 0
 # Unnamed push-pulls: (memory, dtype, shape) -> slots in use, so that each
 # call in flight gets its own tensor name and names repeat from step to step.
 _unnamed_busy = {}
+# Host tensor name -> weakref of the tensor (a parameter) whose gradient
+# lives in its shared memory (_shared_views).
+_shared_owners = {}
 # CUDA tensor name -> _DeviceSlot, kept until shutdown (the agent holds their
 # memory open until this process detaches).
 _device_slots = {}
@@ -149,6 +152,7 @@ def shutdown(drain_timeout=60.0):
         session, _session = _session, None
         _pending.clear()
         _unnamed_busy.clear()
+        _shared_owners.clear()
     try:
         if session is not None:
             session.shutdown(drain_timeout)
@@ -509,6 +513,28 @@ def declare_many(named_tensors, op="push_pull"):
     if code is None:
         raise ValueError("op must be 'push_pull' or 'broadcast', not %r" % (op,))
     _declare(session, list(named_tensors), code)
+
+
+def _shared_views(name, owner):
+    """(input, result): tensors shaped and typed like `owner` over declared
+    host tensor `name`'s shared memory on this node, or None (a CUDA or
+    empty tensor, or a name whose memory another live tensor already owns:
+    two models with the same parameter names must not share gradients). A
+    push-pull of the input view copies nothing in; one into the result view
+    copies nothing out. The views keep the session's mapping alive."""
+    if _cuda.is_cuda(owner) or owner.numel() == 0:
+        return None
+    with _lock:
+        current = _shared_owners.get(name)
+        current = current() if current is not None else None
+        if current is not None and current is not owner:
+            return None
+        _shared_owners[name] = weakref.ref(owner)
+    regions = _require().host_regions(name)
+    return tuple(
+        torch.frombuffer(region, dtype=torch.uint8).view(owner.dtype).view(owner.shape)
+        for region in regions
+    )
 
 
 def broadcast_parameters(params, root_rank):

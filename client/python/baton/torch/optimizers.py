@@ -41,6 +41,28 @@ def _named_optimizer_params(optimizer, named_parameters):
     return [(name_of[id(p)], p) for p in params]
 
 
+def _accumulate_in_shared_memory(named_params):
+    """Makes each host parameter's .grad a tensor in its push-pull's shared
+    input region (holding the gradient it had, or zeros): autograd then
+    accumulates there in place (zero_grad() zeroes in place too), and the
+    push-pull copies nothing in. With zero_grad(set_to_none=True) the next
+    backward allocates a new .grad, which is copied in as before. Returns
+    {param: (input view, result view)}."""
+    shared = {}
+    for name, p in named_params:
+        views = _bt._shared_views(name, p)
+        if views is None:
+            continue
+        with torch.no_grad():
+            if p.grad is not None:
+                views[0].copy_(p.grad)
+            else:
+                views[0].zero_()
+        p.grad = views[0]
+        shared[p] = views
+    return shared
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, backward_passes_per_step, state):
         super(self.__class__, self).__init__(params)
@@ -60,6 +82,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # First declared = most urgent: the parameters' order is the forward
         # pass's order for models built the usual way.
         _bt.declare_many(trained)
+        _accumulate_in_shared_memory(trained)
         for _, p in trained:
             node = _gradient_hook_node(p)
             node.register_hook(self._make_hook(p))
@@ -163,7 +186,10 @@ class _ParamStateView:
 class _Slot:
     """One parameter under a ScheduledOptimizer."""
 
-    __slots__ = ("name", "param", "index", "group", "gate", "output", "handle", "iteration")
+    __slots__ = (
+        "name", "param", "index", "group", "gate", "output", "shared_input", "zero_pending",
+        "handle", "iteration",
+    )
 
     def __init__(self, name, param, index, group):
         self.name = name
@@ -173,6 +199,11 @@ class _Slot:
         self.gate = threading.Event()
         self.gate.set()
         self.output = torch.empty_like(param, memory_format=torch.contiguous_format)
+        # p.grad's home in shared memory (None: a CUDA or empty parameter).
+        self.shared_input = None
+        # zero_grad() was called while the push-pull read p.grad: zero it
+        # once that completes.
+        self.zero_pending = False
         self.handle = None  # the push-pull in flight, until applied
         self.iteration = None  # the step() it belongs to
 
@@ -232,6 +263,13 @@ class ScheduledOptimizer:
             if p.requires_grad and p in group_of:
                 self._slots[p] = _Slot("Gradient." + name, p, len(self._slots), group_of[p])
         _bt.declare_many([(s.name, s.param) for s in self._slots.values()])
+        # Gradients accumulate in the push-pulls' shared input regions and
+        # the results land in their result regions, where the update reads
+        # them: nothing is copied in or out.
+        shared = _accumulate_in_shared_memory([(s.name, s.param) for s in self._slots.values()])
+        for p, (shared_input, result) in shared.items():
+            self._slots[p].shared_input = shared_input
+            self._slots[p].output = result
 
         self._cv = threading.Condition()
         self._iteration = 0  # step() calls so far
@@ -333,9 +371,39 @@ class ScheduledOptimizer:
             self.finalize()
 
     def zero_grad(self, set_to_none=False):
-        """The wrapped optimizer's zero_grad (safe at any time: updates never
-        read p.grad)."""
-        return self.optimizer.zero_grad(set_to_none)
+        """The wrapped optimizer's zero_grad, safe at any time. A gradient in
+        shared memory whose push-pull is still reading it is zeroed as soon
+        as that completes, before its parameter's update opens the gate the
+        next forward pass of its module waits for (so before the next
+        backward pass can reach it)."""
+        with self._cv:
+            deferred = []
+            for slot in self._slots.values():
+                p = slot.param
+                if (
+                    not set_to_none
+                    and slot.handle is not None
+                    and p.grad is not None
+                    and p.grad is slot.shared_input
+                ):
+                    slot.zero_pending = True
+                    deferred.append(p)
+        if not deferred:
+            return self.optimizer.zero_grad(set_to_none)
+        # The optimizer's own zero_grad for every other parameter.
+        skip = set(deferred)
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p in skip or p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    if p.grad.grad_fn is not None:
+                        p.grad.detach_()
+                    else:
+                        p.grad.requires_grad_(False)
+                    p.grad.zero_()
 
     def finalize(self):
         """Waits until every update of every step() so far is applied. A
@@ -426,7 +494,11 @@ class ScheduledOptimizer:
                         self._error = e
                 finally:
                     for slot in ready:
-                        slot.handle = None
+                        with self._cv:
+                            slot.handle = None
+                            zero, slot.zero_pending = slot.zero_pending, False
+                        if zero and slot.param.grad is not None:
+                            slot.param.grad.zero_()
                         slot.gate.set()
             if self._error is not None:
                 for slot in self._slots.values():
