@@ -5,6 +5,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <climits>
 
 namespace baton {
@@ -27,10 +29,19 @@ void Doorbell::Ring() {
 
 void Doorbell::Wait(uint32_t seen, std::chrono::microseconds timeout) const {
   if (timeout.count() <= 0) return;
-  const timespec ts{static_cast<time_t>(timeout.count() / 1000000),
-                    static_cast<long>(timeout.count() % 1000000) * 1000};
-  // Returns at once (EAGAIN) when the bell already moved on.
-  Futex(&bell, FUTEX_WAIT, seen, &ts);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    const timespec ts{static_cast<time_t>(left.count() / 1000000),
+                      static_cast<long>(left.count() % 1000000) * 1000};
+    // Returns at once (EAGAIN) when the bell already moved on. A signal
+    // handled by this thread ends the wait early (EINTR) with the bell
+    // unchanged: sleep again for the time left.
+    if (Futex(&bell, FUTEX_WAIT, seen, &ts) == 0 || errno != EINTR) return;
+    if (bell.load(std::memory_order_acquire) != seen) return;
+  }
 }
 
 bool ChannelRing::Push(const ChannelEntry& entry) {

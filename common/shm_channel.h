@@ -32,7 +32,7 @@ static_assert(sizeof(ChannelEntry) == 32);
 
 inline constexpr int32_t kChannelAverage = 1;
 
-// Wakes a waiter blocked in WaitForBell. Process-shared.
+// Wakes a waiter blocked in Wait. Process-shared.
 struct Doorbell {
   alignas(64) std::atomic<uint32_t> bell{0};
 

@@ -5,6 +5,8 @@
 // agent do.
 #include "common/shm_channel.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -117,6 +119,7 @@ class BellWaiter {
   }
 
   void Join() { thread_.join(); }
+  pthread_t native_handle() { return thread_.native_handle(); }
 
   // After Join.
   uint32_t seen() const { return seen_; }
@@ -443,6 +446,24 @@ TEST(DoorbellTest, BoundedWaitTimesOutWhenNobodyRings) {
   // and never fires early.
   EXPECT_GE(Millis(SteadyClock::now() - start), kTimeout.count());
   EXPECT_EQ(bell.Snapshot(), seen);
+}
+
+// A signal the waiting thread handles (Python installs handlers in every
+// trainer) does not end the wait: nobody rang, and time is left.
+TEST(DoorbellTest, HandledSignalDoesNotEndTheWaitEarly) {
+  struct sigaction action = {};
+  action.sa_handler = [](int) {};
+  ASSERT_EQ(sigaction(SIGUSR1, &action, nullptr), 0);
+  Doorbell bell;
+  constexpr milliseconds kTimeout{300};
+  BellWaiter waiter(bell, kTimeout);
+  waiter.AwaitAsleep();
+  ASSERT_EQ(pthread_kill(waiter.native_handle(), SIGUSR1), 0);
+  waiter.Join();
+  EXPECT_EQ(waiter.after(), waiter.seen()) << "nobody rang";
+  EXPECT_GE(std::chrono::duration_cast<milliseconds>(waiter.waited()).count(),
+            kTimeout.count())
+      << "Wait returned early on EINTR";
 }
 
 TEST(DoorbellTest, WaitWithoutTimeLeftReturnsAtOnce) {
