@@ -241,9 +241,8 @@ class AgentJob {
   // On a connector thread: the data communicators every node builds (node
   // rank 0's --data_channels, published in the store).
   absl::StatusOr<int> AgreeOnChannels(const ConnectRequest& request) const;
-  void OnDataPlaneConnected(
-      int64_t generation,
-      absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> comms);
+  void OnDataPlaneConnected(int64_t generation,
+                            absl::StatusOr<DataConnections> connections);
   void OnDataPlaneStopped(DataPlane* plane, absl::Status status);
   // Connects the CUDA tensors' communicators of this generation once the
   // plan has a CUDA tensor (every node sees the same plan, so every node

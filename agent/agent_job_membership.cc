@@ -321,22 +321,24 @@ void AgentJob::ConnectDataPlane() {
   request.timeout = config_.op_timeout;
   const int64_t generation = m.generation();
   connectors_.emplace_back([this, request, generation]() mutable {
-    // std::function needs a copyable task: share the move-only result:
-    // the negotiation's communicator first, then the data communicators.
-    auto comms = std::make_shared<
-        absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>>(
+    // std::function needs a copyable task: share the move-only result.
+    auto comms = std::make_shared<absl::StatusOr<DataConnections>>(
         absl::UnavailableError("not connected"));
     // Node rank 0's --data_channels holds for everyone, so agents started
     // with different values still build the same communicators.
     absl::StatusOr<int> channels = AgreeOnChannels(request);
-    absl::StatusOr<std::unique_ptr<Communicator>> negotiation =
+    absl::StatusOr<std::unique_ptr<NegotiationWire>> negotiation =
         channels.ok() ? env_.transport->ConnectNegotiation(request)
                       : channels.status();
     if (negotiation.ok()) {
       request.count = *channels;
-      *comms = env_.transport->Connect(request);
-      if (comms->ok()) {
-        (*comms)->insert((*comms)->begin(), std::move(negotiation).value());
+      absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> data =
+          env_.transport->Connect(request);
+      if (data.ok()) {
+        *comms = DataConnections{std::move(negotiation).value(),
+                                 std::move(data).value()};
+      } else {
+        *comms = data.status();
       }
     } else {
       *comms = negotiation.status();
@@ -376,9 +378,8 @@ absl::StatusOr<int> AgentJob::AgreeOnChannels(
   return channels;
 }
 
-void AgentJob::OnDataPlaneConnected(
-    int64_t generation,
-    absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> comms) {
+void AgentJob::OnDataPlaneConnected(int64_t generation,
+                                    absl::StatusOr<DataConnections> comms) {
   if (state_ != State::kRunning || !membership_ ||
       membership_->generation() != generation) {
     return;  // a newer generation replaced it; the comms close here
@@ -396,9 +397,6 @@ void AgentJob::OnDataPlaneConnected(
                                   generation, ": ", comms.status().message())));
     return;
   }
-  std::vector<std::unique_ptr<Communicator>> all = std::move(*comms);
-  std::unique_ptr<Communicator> negotiation = std::move(all.front());
-  all.erase(all.begin());
   DataPlaneOptions options;
   options.job = name_;
   options.generation = generation;
@@ -424,9 +422,9 @@ void AgentJob::OnDataPlaneConnected(
       OnDataPlaneStopped(*plane_ptr, status);
     });
   };
-  data_plane_ =
-      std::make_unique<DataPlane>(std::move(options), std::move(negotiation),
-                                  std::move(all), std::move(callbacks));
+  data_plane_ = std::make_unique<DataPlane>(
+      std::move(options), std::move(comms->negotiation), std::move(comms->data),
+      std::move(callbacks));
   *plane_ptr = data_plane_.get();
   if (plan_) data_plane_->SetKnownTensors(plan_->tensors_size());
   LOG(INFO) << JobLogPrefix() << "data plane of generation " << generation

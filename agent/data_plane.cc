@@ -25,7 +25,7 @@ const char* GpuCrossNodeName(GpuCrossNode mode) {
 }
 
 DataPlane::DataPlane(DataPlaneOptions options,
-                     std::unique_ptr<Communicator> negotiation,
+                     std::unique_ptr<NegotiationWire> negotiation,
                      std::vector<std::unique_ptr<Communicator>> data,
                      Callbacks callbacks, DeviceGroup device)
     : options_(std::move(options)),
@@ -204,7 +204,7 @@ void DataPlane::SchedulerLoop() {
   }
   // Closing the connections now (not at destruction) makes peers still
   // blocked on this node fail at once instead of at their timeout.
-  std::unique_ptr<Communicator> negotiation;
+  std::unique_ptr<NegotiationWire> negotiation;
   {
     std::lock_guard<std::mutex> lock(mu_);
     negotiation = std::move(negotiation_);
@@ -223,7 +223,7 @@ bool DataPlane::AwaitNews(std::unique_lock<std::mutex>& lock, int32_t body) {
   // Nobody polls: a node with news starts the round, which wakes the
   // others (ARCHITECTURE.md, the ordering contract).
   while (!news()) {
-    Communicator* negotiation = negotiation_.get();
+    NegotiationWire* negotiation = negotiation_.get();
     lock.unlock();
     absl::StatusOr<bool> started =
         negotiation->AwaitRound(Negotiation::VectorSize(body));

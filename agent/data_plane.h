@@ -101,7 +101,8 @@ class DataPlane {
   // `negotiation` carries the rounds; `data` (at least one) the collectives
   // of host tensors, `device` those of CUDA tensors (comm null: none here).
   // Starts the threads.
-  DataPlane(DataPlaneOptions options, std::unique_ptr<Communicator> negotiation,
+  DataPlane(DataPlaneOptions options,
+            std::unique_ptr<NegotiationWire> negotiation,
             std::vector<std::unique_ptr<Communicator>> data,
             Callbacks callbacks, DeviceGroup device = {});
   // Aborts (CANCELLED) and joins the threads; a worker inside a collective
@@ -229,7 +230,7 @@ class DataPlane {
   // Used by the scheduler thread, which resets it under mu_ when it exits;
   // other threads only Interrupt() it, under mu_. (A worker's comm is used
   // and reset by that worker only.)
-  std::unique_ptr<Communicator> negotiation_;
+  std::unique_ptr<NegotiationWire> negotiation_;
 
   mutable std::mutex mu_;
   std::condition_variable scheduler_cv_;

@@ -12,8 +12,9 @@ namespace baton::agent {
 
 // One round of the ordering contract's agreement (ARCHITECTURE.md, "The
 // ordering contract"): every node encodes what it has ready into a vector of
-// int64, the nodes take the element-wise minimum (one allreduce on a small,
-// separate communicator), and every node decodes the same outcome. Maxima
+// int64, the nodes take the element-wise minimum (NegotiationWire::
+// ExchangeMin, on TCP connections of their own), and every node decodes the
+// same outcome. Maxima
 // travel as negated minima, so one collective gives both.
 //
 // Per tensor the vector holds the key of the operation ready for it (0 when

@@ -352,18 +352,4 @@ absl::Status TcpRing::Broadcast(void* data, size_t bytes, int root,
   return Run(step, tcp::Clock::now() + options.timeout, what, options);
 }
 
-absl::Status TcpRing::ExchangeMin(int64_t*, size_t, const CollectiveOptions&) {
-  return absl::UnimplementedError(
-      absl::StrCat("negotiation round on ", Describe(),
-                   ": negotiation rounds run on their own connections "
-                   "(TcpRounds)"));
-}
-
-absl::StatusOr<bool> TcpRing::AwaitRound(size_t) {
-  return absl::UnimplementedError(
-      absl::StrCat("waiting for a negotiation round on ", Describe(),
-                   ": negotiation rounds run on their own connections "
-                   "(TcpRounds)"));
-}
-
 }  // namespace baton::agent

@@ -68,11 +68,6 @@ class TcpRing : public Communicator {
                             const CollectiveOptions& options) override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
-  // UNIMPLEMENTED: negotiation rounds run on TcpRounds.
-  absl::Status ExchangeMin(int64_t* data, size_t count,
-                           const CollectiveOptions& options) override;
-  absl::StatusOr<bool> AwaitRound(size_t count) override;
-  void Interrupt() override {}
   bool poisoned() const override { return poison_.is_set(); }
 
   // The unit in which received bytes are added (and the scratch's size).

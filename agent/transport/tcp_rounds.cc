@@ -95,22 +95,6 @@ absl::Status TcpRounds::Poison(absl::Status status) {
   return status;
 }
 
-absl::Status TcpRounds::AllreduceSum(void*, size_t, v1::DataType,
-                                     const CollectiveOptions&) {
-  return absl::UnimplementedError(
-      absl::StrCat("allreduce on ", Describe(),
-                   ": they carry negotiation rounds only; data goes over a "
-                   "data communicator"));
-}
-
-absl::Status TcpRounds::Broadcast(void*, size_t, int,
-                                  const CollectiveOptions&) {
-  return absl::UnimplementedError(
-      absl::StrCat("broadcast on ", Describe(),
-                   ": they carry negotiation rounds only; data goes over a "
-                   "data communicator"));
-}
-
 void TcpRounds::Interrupt() {
   const uint64_t one = 1;
   // Fails only when the counter would overflow: it is set either way.

@@ -12,13 +12,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/transport/negotiation_wire.h"
 #include "agent/transport/poison_state.h"
 #include "agent/transport/transport.h"
 
 namespace baton::agent {
 
-// The scheduler's negotiation rounds (Communicator::ExchangeMin, AwaitRound,
-// Interrupt) on TCP connections of their own: one per pair of nodes, read
+// The scheduler's negotiation rounds (NegotiationWire) on TCP connections
+// of their own: one per pair of nodes, read
 // and written only by the thread that runs the rounds, which sleeps in
 // poll(2) on them.
 //
@@ -42,9 +43,8 @@ namespace baton::agent {
 // A round is not acknowledged: a node that joins a round after the others
 // gave up on it (their ExchangeMin timed out and closed the connections)
 // may still complete it from the vectors they had sent; it fails at its
-// next round or collective. AllreduceSum and Broadcast are UNIMPLEMENTED:
-// data goes over gloo.
-class TcpRounds : public Communicator {
+// next round.
+class TcpRounds : public NegotiationWire {
  public:
   // Connects the rounds of `request` (request.count is ignored) through
   // request.store, listening on `address` (a numeric IP address of this
@@ -60,14 +60,10 @@ class TcpRounds : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(peers_.size()); }
 
-  absl::Status AllreduceSum(void* data, size_t count, v1::DataType dtype,
-                            const CollectiveOptions& options) override;
   absl::Status ExchangeMin(int64_t* data, size_t count,
                            const CollectiveOptions& options) override;
   absl::StatusOr<bool> AwaitRound(size_t count) override;
   void Interrupt() override;
-  absl::Status Broadcast(void* data, size_t bytes, int root,
-                         const CollectiveOptions& options) override;
   bool poisoned() const override { return poison_.is_set(); }
 
  private:

@@ -41,12 +41,12 @@ TcpTransport::Connect(const ConnectRequest& request) {
   return rings;
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> TcpTransport::ConnectNegotiation(
-    const ConnectRequest& request) {
+absl::StatusOr<std::unique_ptr<NegotiationWire>>
+TcpTransport::ConnectNegotiation(const ConnectRequest& request) {
   absl::StatusOr<std::unique_ptr<TcpRounds>> rounds =
       TcpRounds::Connect(request, address_);
   if (!rounds.ok()) return rounds.status();
-  return std::unique_ptr<Communicator>(std::move(rounds).value());
+  return std::unique_ptr<NegotiationWire>(std::move(rounds).value());
 }
 
 }  // namespace baton::agent

@@ -29,7 +29,7 @@ class TcpTransport : public Transport {
   // "<prefix>/ring/c<i>"; request.timeout bounds each.
   absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> Connect(
       const ConnectRequest& request) override;
-  absl::StatusOr<std::unique_ptr<Communicator>> ConnectNegotiation(
+  absl::StatusOr<std::unique_ptr<NegotiationWire>> ConnectNegotiation(
       const ConnectRequest& request) override;
 
   const std::string& address() const { return address_; }

@@ -9,32 +9,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/transport/collective_options.h"
 #include "agent/transport/key_value_store.h"
+#include "agent/transport/negotiation_wire.h"
 #include "baton/v1/common.pb.h"
 
 namespace baton::agent {
 
-// Options every collective takes. The timeout bounds the whole operation; a
-// collective that cannot finish in time fails with DEADLINE_EXCEEDED.
-struct CollectiveOptions {
-  std::chrono::milliseconds timeout{60000};
-  // Distinguishes operations that may be in flight at once on one
-  // communicator. Callers that use a communicator from one thread may leave
-  // it 0.
-  uint32_t tag = 0;
-  // AllreduceSum only. When set, this node's values are read from here
-  // (`count` elements, not overlapping `data` unless equal to it) and `data`
-  // only receives the result: an out-of-place allreduce, which spares the
-  // caller a copy.
-  const void* input = nullptr;
-  // AllreduceSum only: the result is the sum divided by this (at least 1;
-  // the job's world size for an average). A transport that divides only
-  // the part of the result it finished itself (TcpRing) does 1/N of the
-  // work of dividing the whole result on every node.
-  int64_t divisor = 1;
-};
-
-// One connected group of nodes (one gloo context, one NCCL communicator).
+// One connected group of nodes carrying collectives (one TCP ring, one gloo
+// context, one NCCL communicator). The scheduler's negotiation rounds have
+// an interface of their own (NegotiationWire).
 //
 // Not thread-safe: one thread at a time calls its collectives. A failed
 // collective poisons the communicator: the failing call returns the error
@@ -57,34 +41,18 @@ class Communicator {
                                     v1::DataType dtype,
                                     const CollectiveOptions& options) = 0;
 
-  // The scheduler's negotiation: rounds of an element-wise minimum over
-  // small int64 vectors (max is min of the negation) that any member may
-  // start before the others have anything to add, so that nobody polls.
-  //
-  // A member with something to add calls ExchangeMin at once. A member with
-  // nothing to add waits in AwaitRound, which returns true as soon as a peer
-  // has started the next round (the member then joins it with ExchangeMin)
-  // and false once Interrupt() was called (the member has news of its own,
-  // or is stopping). Every member calls ExchangeMin exactly once per round,
-  // all with the same count; AwaitRound gets the coming round's count.
-  //
-  // ExchangeMin: in place, data[i] = min over every member of data[i];
-  // `options.timeout` bounds the round from this member's call.
-  virtual absl::Status ExchangeMin(int64_t* data, size_t count,
-                                   const CollectiveOptions& options) = 0;
-  // Waits without a time limit; an error (a peer gone) poisons the
-  // communicator like any failed collective.
-  virtual absl::StatusOr<bool> AwaitRound(size_t count) = 0;
-  // Thread-safe, callable while another thread is inside AwaitRound or
-  // ExchangeMin: makes the current AwaitRound return false, or the next
-  // one if none is waiting. ExchangeMin is not disturbed by it.
-  virtual void Interrupt() = 0;
-
   // In place: every member gets `root`'s `bytes` bytes at data.
   virtual absl::Status Broadcast(void* data, size_t bytes, int root,
                                  const CollectiveOptions& options) = 0;
 
   virtual bool poisoned() const = 0;
+};
+
+// What a node connects for one generation's data plane: the scheduler's
+// negotiation and the data communicators.
+struct DataConnections {
+  std::unique_ptr<NegotiationWire> negotiation;
+  std::vector<std::unique_ptr<Communicator>> data;
 };
 
 // What a node needs to connect its communicators for one (generation, epoch).
@@ -135,10 +103,9 @@ class Transport {
   virtual absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> Connect(
       const ConnectRequest& request) = 0;
 
-  // Connects the scheduler's negotiation rounds among the nodes: one
-  // communicator on which ExchangeMin, AwaitRound and Interrupt work (the
-  // collectives do not); request.count is ignored. Errors like Connect.
-  virtual absl::StatusOr<std::unique_ptr<Communicator>> ConnectNegotiation(
+  // Connects the scheduler's negotiation rounds among the nodes;
+  // request.count is ignored. Errors like Connect.
+  virtual absl::StatusOr<std::unique_ptr<NegotiationWire>> ConnectNegotiation(
       const ConnectRequest& request) = 0;
 };
 

@@ -175,7 +175,7 @@ class DataPlaneAllreduce {
     gloo_ = std::move(*gloo);
     request.prefix = "baton-gpu-bench/gloo/";
     request.count = 1;  // one data channel
-    absl::StatusOr<std::unique_ptr<Communicator>> negotiation =
+    absl::StatusOr<std::unique_ptr<NegotiationWire>> negotiation =
         gloo_->ConnectNegotiation(request);
     if (!negotiation.ok()) return negotiation.status();
     absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> host =

@@ -173,12 +173,12 @@ GlooTransport::GlooTransport(std::shared_ptr<gloo::transport::Device> device,
       address_(std::move(address)),
       options_(options) {}
 
-absl::StatusOr<std::unique_ptr<Communicator>> GlooTransport::ConnectNegotiation(
-    const ConnectRequest& request) {
+absl::StatusOr<std::unique_ptr<NegotiationWire>>
+GlooTransport::ConnectNegotiation(const ConnectRequest& request) {
   absl::StatusOr<std::unique_ptr<TcpRounds>> rounds =
       TcpRounds::Connect(request, address_);
   if (!rounds.ok()) return rounds.status();
-  return std::unique_ptr<Communicator>(std::move(rounds).value());
+  return std::unique_ptr<NegotiationWire>(std::move(rounds).value());
 }
 
 GlooTransport::~GlooTransport() = default;
@@ -292,23 +292,6 @@ absl::Status GlooCommunicator::AllreduceSum(void* data, size_t count,
       DivideInPlace(dtype, data, count, options.divisor);
     }
   });
-}
-
-absl::StatusOr<bool> GlooCommunicator::AwaitRound(size_t) {
-  return absl::UnimplementedError(
-      absl::StrCat("waiting for a negotiation round on ", Describe(),
-                   ": negotiation rounds run on their own connections "
-                   "(GlooTransport::ConnectNegotiation)"));
-}
-
-void GlooCommunicator::Interrupt() {}
-
-absl::Status GlooCommunicator::ExchangeMin(int64_t*, size_t,
-                                           const CollectiveOptions&) {
-  return absl::UnimplementedError(
-      absl::StrCat("negotiation round on ", Describe(),
-                   ": negotiation rounds run on their own connections "
-                   "(GlooTransport::ConnectNegotiation)"));
 }
 
 absl::Status GlooCommunicator::Broadcast(void* data, size_t bytes, int root,

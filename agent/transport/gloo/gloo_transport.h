@@ -70,7 +70,7 @@ class GlooTransport : public Transport {
 
   // The rounds on connections of their own (TcpRounds), on the device's
   // address.
-  absl::StatusOr<std::unique_ptr<Communicator>> ConnectNegotiation(
+  absl::StatusOr<std::unique_ptr<NegotiationWire>> ConnectNegotiation(
       const ConnectRequest& request) override;
 
  private:
@@ -100,8 +100,6 @@ class GlooTransport : public Transport {
 //   address), DEADLINE_EXCEEDED for a step that timed out. Nodes that
 //   disagree on an operation's size or data type fail it (usually with a
 //   timeout) rather than exchange mismatched data.
-// - Negotiation rounds are UNIMPLEMENTED: they run on connections of their
-//   own (ConnectNegotiation, TcpRounds).
 // - poisoned() may be called from any thread.
 class GlooCommunicator : public Communicator {
  public:
@@ -116,10 +114,6 @@ class GlooCommunicator : public Communicator {
 
   absl::Status AllreduceSum(void* data, size_t count, v1::DataType dtype,
                             const CollectiveOptions& options) override;
-  absl::Status ExchangeMin(int64_t* data, size_t count,
-                           const CollectiveOptions& options) override;
-  absl::StatusOr<bool> AwaitRound(size_t count) override;
-  void Interrupt() override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
 

@@ -448,19 +448,4 @@ absl::Status NcclCommunicator::Broadcast(void* data, size_t bytes, int root,
   return DeviceBroadcast({data}, bytes, root, options);
 }
 
-absl::Status NcclCommunicator::ExchangeMin(int64_t*, size_t,
-                                           const CollectiveOptions&) {
-  return absl::UnimplementedError(
-      absl::StrCat("negotiation round on ", Describe(),
-                   ": negotiation rounds run on their own TCP connections "
-                   "(Transport::ConnectNegotiation), never on NCCL"));
-}
-
-absl::StatusOr<bool> NcclCommunicator::AwaitRound(size_t) {
-  return absl::UnimplementedError(
-      absl::StrCat("waiting for a negotiation round on ", Describe(),
-                   ": negotiation rounds run on their own TCP connections "
-                   "(Transport::ConnectNegotiation), never on NCCL"));
-}
-
 }  // namespace baton::agent

@@ -76,9 +76,6 @@ absl::Status CudaError(gpu::GpuApi& api, const std::string& what, int device,
 //   every local NCCL communicator (ncclCommAbort, which never waits for
 //   peers) and poisons this communicator. Invalid arguments are
 //   INVALID_ARGUMENT and poison nothing.
-// - ExchangeMin and AwaitRound return UNIMPLEMENTED: the scheduler's
-//   negotiation rounds run on their own TCP connections
-//   (Transport::ConnectNegotiation). Interrupt() does nothing.
 // - The destructor aborts the NCCL communicators rather than destroying them:
 //   ncclCommDestroy flushes outstanding work, which can wait for peers that
 //   are gone, and a generation change must never hang.
@@ -115,10 +112,6 @@ class NcclCommunicator : public DeviceCommunicator {
                             const CollectiveOptions& options) override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
-  absl::Status ExchangeMin(int64_t* data, size_t count,
-                           const CollectiveOptions& options) override;
-  absl::StatusOr<bool> AwaitRound(size_t count) override;
-  void Interrupt() override {}
 
   bool poisoned() const override {
     return poisoned_.load(std::memory_order_acquire);

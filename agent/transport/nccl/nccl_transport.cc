@@ -308,8 +308,8 @@ NcclTransport::ConnectDevices(const ConnectRequest& request) {
   return communicators;
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> NcclTransport::ConnectNegotiation(
-    const ConnectRequest&) {
+absl::StatusOr<std::unique_ptr<NegotiationWire>>
+NcclTransport::ConnectNegotiation(const ConnectRequest&) {
   return absl::UnimplementedError(
       "negotiation rounds run on host TCP connections "
       "(GlooTransport::ConnectNegotiation), never on NCCL");

@@ -59,7 +59,7 @@ class NcclTransport : public Transport, public DeviceTransport {
       const ConnectRequest& request) override;
   // UNIMPLEMENTED: the negotiation runs on host TCP connections
   // (GlooTransport::ConnectNegotiation), never on NCCL.
-  absl::StatusOr<std::unique_ptr<Communicator>> ConnectNegotiation(
+  absl::StatusOr<std::unique_ptr<NegotiationWire>> ConnectNegotiation(
       const ConnectRequest& request) override;
   // The same, typed.
   absl::StatusOr<std::vector<std::unique_ptr<DeviceCommunicator>>>

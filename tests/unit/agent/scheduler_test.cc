@@ -18,6 +18,7 @@
 #include "agent/negotiation.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/agent/fake_negotiation.h"
 #include "tests/unit/agent/transport/gloo_cluster.h"
 
 namespace baton::agent {
@@ -180,11 +181,24 @@ struct Node {
   }
 };
 
-class DataPlaneTest : public ::testing::Test {
+// The data plane's tests run twice: the negotiation over real TCP
+// (TcpRounds) and over an in-process fake of NegotiationWire, with the data
+// over TCP rings.
+class DataPlaneTest : public ::testing::TestWithParam<bool> {
  protected:
+  bool fake_negotiation() const { return GetParam(); }
+
   void Start(int nodes, DataPlaneOptions base) {
-    cluster_ = std::make_unique<Cluster>(nodes);
-    ASSERT_TRUE(cluster_->ConnectNegotiation());
+    cluster_ = std::make_unique<Cluster>(nodes, DataTransport::kTcp);
+    if (fake_negotiation()) {
+      auto hub = std::make_shared<FakeNegotiationHub>(nodes);
+      for (int rank = 0; rank < nodes; ++rank) {
+        cluster_->negotiations[rank] =
+            std::make_unique<FakeNegotiation>(hub, rank);
+      }
+    } else {
+      ASSERT_TRUE(cluster_->ConnectNegotiation());
+    }
     ASSERT_TRUE(cluster_->Connect(2));
     for (int rank = 0; rank < nodes; ++rank) {
       auto node = std::make_unique<Node>();
@@ -254,7 +268,7 @@ class DataPlaneTest : public ::testing::Test {
   std::mutex buffers_mu_;
 };
 
-TEST_F(DataPlaneTest, RandomSubmissionOrderGivesOneLaunchOrderAndRightSums) {
+TEST_P(DataPlaneTest, RandomSubmissionOrderGivesOneLaunchOrderAndRightSums) {
   DataPlaneOptions options;
   options.credit_bytes = 8192;
   Start(3, options);
@@ -341,7 +355,7 @@ TEST(TimelineRecorderTest, KeepsTheNewestRecordsAndSaysWhenItDropped) {
   EXPECT_TRUE(recorder.Query(1, 2, &truncated).size() == 1u && truncated);
 }
 
-TEST_F(DataPlaneTest, MismatchedStepsFailOnEveryNodeAndOthersGoOn) {
+TEST_P(DataPlaneTest, MismatchedStepsFailOnEveryNodeAndOthersGoOn) {
   Start(2, DataPlaneOptions());
   for (auto& node : nodes_) node->plane->SetKnownTensors(2);
   nodes_[0]->plane->Submit(SumOp(0, 0, 0, 4, 16, 0));
@@ -359,7 +373,7 @@ TEST_F(DataPlaneTest, MismatchedStepsFailOnEveryNodeAndOthersGoOn) {
 
 // Nobody polls: idle nodes run no rounds at all, and a node whose operation
 // arrives last starts the round that agrees it (the others wait for it).
-TEST_F(DataPlaneTest, IdleNodesRunNoRoundsAndTheLastSubmitterStartsOne) {
+TEST_P(DataPlaneTest, IdleNodesRunNoRoundsAndTheLastSubmitterStartsOne) {
   Start(3, DataPlaneOptions());
   for (auto& node : nodes_) node->plane->SetKnownTensors(1);
   const auto rounds = [&](int rank) {
@@ -401,7 +415,7 @@ TEST_F(DataPlaneTest, IdleNodesRunNoRoundsAndTheLastSubmitterStartsOne) {
   }
 }
 
-TEST_F(DataPlaneTest, AbortFailsWhatIsPendingWithTheGivenStatus) {
+TEST_P(DataPlaneTest, AbortFailsWhatIsPendingWithTheGivenStatus) {
   Start(2, DataPlaneOptions());
   for (auto& node : nodes_) node->plane->SetKnownTensors(1);
   // Only node 0 submits: the operation can never be agreed.
@@ -415,7 +429,7 @@ TEST_F(DataPlaneTest, AbortFailsWhatIsPendingWithTheGivenStatus) {
   EXPECT_EQ(nodes_[0]->WaitDone(2).code(), absl::StatusCode::kAborted);
 }
 
-TEST_F(DataPlaneTest, ALeavingNodeStopsEveryNodeAfterTheSameRound) {
+TEST_P(DataPlaneTest, ALeavingNodeStopsEveryNodeAfterTheSameRound) {
   Start(2, DataPlaneOptions());
   for (auto& node : nodes_) node->plane->SetKnownTensors(1);
   nodes_[1]->plane->Submit(SumOp(1, 0, 0, 0, 16, 0));
@@ -431,6 +445,11 @@ TEST_F(DataPlaneTest, ALeavingNodeStopsEveryNodeAfterTheSameRound) {
     EXPECT_TRUE(node->plane->finished());
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Negotiation, DataPlaneTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Fake" : "Tcp";
+                         });
 
 }  // namespace
 }  // namespace baton::agent

@@ -30,7 +30,7 @@ struct Cluster {
   // [node rank][communicator index]
   std::vector<std::vector<std::unique_ptr<Communicator>>> communicators;
   // [node rank]: the negotiation rounds (ConnectNegotiation).
-  std::vector<std::unique_ptr<Communicator>> negotiations;
+  std::vector<std::unique_ptr<NegotiationWire>> negotiations;
 
   explicit Cluster(int nodes, DataTransport kind = DataTransport::kGloo,
                    GlooTransport::Options options = {}) {

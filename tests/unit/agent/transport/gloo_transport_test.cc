@@ -1,8 +1,7 @@
 // The host transports with N nodes as N threads in one process, each node
 // with its own transport on loopback, bootstrapped through an in-memory
 // store: the collectives, several communicators, failures and mismatches on
-// both GlooTransport and TcpTransport (TcpRing); the connect errors and the
-// rounds on gloo's communicators.
+// both GlooTransport and TcpTransport (TcpRing), and the connect errors.
 #include "agent/transport/gloo/gloo_transport.h"
 
 #include <chrono>
@@ -241,38 +240,6 @@ INSTANTIATE_TEST_SUITE_P(Nodes, GlooCommunicatorsTest,
                                             ::testing::Values(1, 2, 3, 4)),
                          KindAndNodesName);
 
-// --- Negotiation rounds -----------------------------------------------------
-
-// The rounds run on connections of their own (ConnectNegotiation, TcpRounds,
-// tested in tcp_rounds_test.cc): a gloo communicator answers them
-// UNIMPLEMENTED without touching the network, and stays usable.
-TEST(GlooRoundsTest, RoundsAreUnimplementedAndDoNotPoison) {
-  Cluster cluster(2);
-  ASSERT_TRUE(cluster.Connect());
-  OnEveryNode(2, [&](int rank) {
-    Communicator& communicator = *cluster.communicators[rank][0];
-    std::vector<int64_t> vector = {rank, -rank};
-    const absl::Status exchanged = communicator.ExchangeMin(
-        vector.data(), vector.size(), CollectiveOptions{kOpTimeout, 0});
-    EXPECT_EQ(exchanged.code(), absl::StatusCode::kUnimplemented) << exchanged;
-    EXPECT_THAT(exchanged.message(), HasSubstr("ConnectNegotiation"));
-    EXPECT_EQ(vector, (std::vector<int64_t>{rank, -rank})) << "node " << rank;
-    const absl::StatusOr<bool> started = communicator.AwaitRound(2);
-    EXPECT_EQ(started.status().code(), absl::StatusCode::kUnimplemented)
-        << started.status();
-    EXPECT_THAT(started.status().message(), HasSubstr("ConnectNegotiation"));
-    communicator.Interrupt();  // a no-op
-    EXPECT_FALSE(communicator.poisoned()) << "node " << rank;
-
-    std::vector<int32_t> data(10, rank + 1);
-    const absl::Status status =
-        communicator.AllreduceSum(data.data(), data.size(), v1::DATA_TYPE_INT32,
-                                  CollectiveOptions{kOpTimeout, 0});
-    ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
-    EXPECT_EQ(data, std::vector<int32_t>(10, 3)) << "node " << rank;
-  });
-}
-
 // --- Failures ----------------------------------------------------------------
 
 class GlooFailureTest : public ::testing::TestWithParam<KindAndNodes> {
@@ -450,31 +417,6 @@ TEST(TcpRingMismatchTest, NodesThatDisagreeFailAtOnceNamingBothSides) {
     EXPECT_TRUE(cluster.communicators[rank][0]->poisoned());
   }
   EXPECT_THAT(kinds[1].message(), HasSubstr("runs broadcast"));
-}
-
-// A ring's communicators answer the negotiation's calls UNIMPLEMENTED
-// without touching the network, and stay usable.
-TEST(TcpRingTest, RoundsAreUnimplementedAndDoNotPoison) {
-  Cluster cluster(2, DataTransport::kTcp);
-  ASSERT_TRUE(cluster.Connect());
-  OnEveryNode(2, [&](int rank) {
-    Communicator& communicator = *cluster.communicators[rank][0];
-    std::vector<int64_t> vector = {rank};
-    EXPECT_EQ(
-        communicator
-            .ExchangeMin(vector.data(), 1, CollectiveOptions{kOpTimeout, 0})
-            .code(),
-        absl::StatusCode::kUnimplemented);
-    EXPECT_EQ(communicator.AwaitRound(1).status().code(),
-              absl::StatusCode::kUnimplemented);
-    EXPECT_FALSE(communicator.poisoned());
-    std::vector<int32_t> data(10, rank + 1);
-    ASSERT_TRUE(communicator
-                    .AllreduceSum(data.data(), data.size(), v1::DATA_TYPE_INT32,
-                                  CollectiveOptions{kOpTimeout, 0})
-                    .ok());
-    EXPECT_EQ(data, std::vector<int32_t>(10, 3));
-  });
 }
 
 // A ring connects each node to its two neighbours only, under its own keys.

@@ -251,22 +251,6 @@ TEST(NcclCommunicatorTest, OneBufferOnANodeOfTwoDevicesIsRefused) {
   EXPECT_FALSE(communicator.poisoned());
 }
 
-TEST(NcclCommunicatorTest, NegotiationIsNotCarried) {
-  FakeCluster cluster({1});
-  ASSERT_TRUE(cluster.Connect());
-  Communicator& communicator = cluster.communicator(0);
-  int64_t data[2] = {1, 2};
-  const absl::Status exchange =
-      communicator.ExchangeMin(data, 2, CollectiveOptions{kTimeout, 0});
-  EXPECT_EQ(exchange.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(exchange.message(),
-              HasSubstr("negotiation rounds run on their own TCP connections"));
-  EXPECT_EQ(communicator.AwaitRound(2).status().code(),
-            absl::StatusCode::kUnimplemented);
-  communicator.Interrupt();
-  EXPECT_FALSE(communicator.poisoned());
-}
-
 // Bad arguments are answered without touching NCCL: the communicator stays
 // usable.
 TEST(NcclCommunicatorTest, InvalidArgumentsDoNotPoison) {

@@ -92,7 +92,7 @@ TEST_P(TcpRoundsTest, ExchangeMinGivesTheElementwiseMinimumRoundAfterRound) {
     };
   };
   OnEveryNode(nodes, [&](int rank) {
-    Communicator& rounds = *cluster->negotiations[rank];
+    NegotiationWire& rounds = *cluster->negotiations[rank];
     for (int round = 0; round < kRounds; ++round) {
       const size_t count = kCounts[round];
       const auto round_value = value(round);
@@ -118,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(Nodes, TcpRoundsTest, ::testing::Values(1, 2, 3, 4));
 TEST(TcpRoundsOneNodeTest, AwaitRoundReturnsAtOnceAndExchangeMinKeepsTheData) {
   std::unique_ptr<Cluster> cluster = Connected(1);
   ASSERT_FALSE(HasFailure());
-  Communicator& rounds = *cluster->negotiations[0];
+  NegotiationWire& rounds = *cluster->negotiations[0];
   const absl::StatusOr<bool> started = rounds.AwaitRound(3);
   ASSERT_TRUE(started.ok()) << started.status();
   EXPECT_FALSE(*started);
@@ -144,7 +144,7 @@ TEST_P(TcpRoundsWaitTest, AnyNodeStartsARoundAndTheOthersJoin) {
   ASSERT_FALSE(HasFailure());
   constexpr int kRounds = 8;
   OnEveryNode(nodes, [&](int rank) {
-    Communicator& rounds = *cluster->negotiations[rank];
+    NegotiationWire& rounds = *cluster->negotiations[rank];
     for (int round = 0; round < kRounds; ++round) {
       const size_t count = static_cast<size_t>(3 + round * round * 50);
       const int starter = round % nodes;
@@ -178,7 +178,7 @@ TEST_P(TcpRoundsWaitTest, InterruptWakesTheWaitAndRoundsGoOn) {
   std::unique_ptr<Cluster> cluster = Connected(nodes);
   ASSERT_FALSE(HasFailure());
   constexpr size_t kCount = 5;
-  Communicator& first = *cluster->negotiations[0];
+  NegotiationWire& first = *cluster->negotiations[0];
 
   first.Interrupt();
   first.Interrupt();
@@ -204,7 +204,7 @@ TEST_P(TcpRoundsWaitTest, InterruptWakesTheWaitAndRoundsGoOn) {
   // behind that breaks a round, and node 0 waits in AwaitRound for the
   // second round that node 1 starts.
   OnEveryNode(nodes, [&](int rank) {
-    Communicator& rounds = *cluster->negotiations[rank];
+    NegotiationWire& rounds = *cluster->negotiations[rank];
     for (int round = 0; round < 2; ++round) {
       if (round == 1 && rank != 1) {
         const absl::StatusOr<bool> joined = rounds.AwaitRound(kCount);
@@ -223,7 +223,7 @@ TEST_P(TcpRoundsWaitTest, InterruptWakesTheWaitAndRoundsGoOn) {
   // An Interrupt() just before a round: the round completes, and the next
   // AwaitRound returns false at once.
   OnEveryNode(nodes, [&](int rank) {
-    Communicator& rounds = *cluster->negotiations[rank];
+    NegotiationWire& rounds = *cluster->negotiations[rank];
     if (rank == 0) rounds.Interrupt();
     std::vector<int64_t> data(kCount, rank);
     const absl::Status status = rounds.ExchangeMin(
@@ -279,7 +279,7 @@ TEST_P(TcpRoundsWaitTest, RoundWithoutAPeerTimesOutNamingIt) {
   ASSERT_FALSE(HasFailure());
   const int silent = nodes - 1;
   OnEveryNode(nodes - 1, [&](int rank) {
-    Communicator& rounds = *cluster->negotiations[rank];
+    NegotiationWire& rounds = *cluster->negotiations[rank];
     std::vector<int64_t> data(4, rank);
     const auto start = SteadyClock::now();
     const absl::Status status = rounds.ExchangeMin(
@@ -299,7 +299,7 @@ TEST_P(TcpRoundsWaitTest, RoundWithoutAPeerTimesOutNamingIt) {
   // The silent node finds the others' vectors waiting: a round started. The
   // others gave up on it, so the round must end promptly, however it ends
   // (a node that comes late may still read the vectors that were sent).
-  Communicator& late = *cluster->negotiations[silent];
+  NegotiationWire& late = *cluster->negotiations[silent];
   const absl::StatusOr<bool> started = late.AwaitRound(4);
   ASSERT_TRUE(started.ok()) << started.status();
   EXPECT_TRUE(*started);
@@ -337,7 +337,7 @@ TEST_P(TcpRoundsPeerGoneTest, AwaitRoundFailsNamingThePeerThenPoisoned) {
   const std::string named = absl::StrCat("node rank ", gone(), " closed");
   OnEveryNode(nodes(), [&](int rank) {
     if (rank == gone()) return;
-    Communicator& rounds = *cluster->negotiations[rank];
+    NegotiationWire& rounds = *cluster->negotiations[rank];
     const auto start = SteadyClock::now();
     const absl::StatusOr<bool> started = rounds.AwaitRound(3);
     EXPECT_LT(Since(start).count(), kFailFast.count()) << "node " << rank;
@@ -375,7 +375,7 @@ TEST_P(TcpRoundsPeerGoneTest, ExchangeMinFailsNamingThePeerThenPoisoned) {
   const std::string named = absl::StrCat("node rank ", gone(), " ");
   OnEveryNode(nodes(), [&](int rank) {
     if (rank == gone()) return;
-    Communicator& rounds = *cluster->negotiations[rank];
+    NegotiationWire& rounds = *cluster->negotiations[rank];
     std::vector<int64_t> data(3, rank);
     const auto start = SteadyClock::now();
     const absl::Status status = rounds.ExchangeMin(
@@ -461,7 +461,7 @@ TEST_P(TcpRoundsLargeTest, VectorsLargerThanTheSocketBuffersComplete) {
   std::unique_ptr<Cluster> cluster = Connected(nodes);
   ASSERT_FALSE(HasFailure());
   OnEveryNode(nodes, [&](int rank) {
-    Communicator& rounds = *cluster->negotiations[rank];
+    NegotiationWire& rounds = *cluster->negotiations[rank];
     for (int round = 0; round < kRounds; ++round) {
       std::vector<int64_t> data(kCount);
       for (size_t i = 0; i < kCount; ++i) data[i] = value(round, rank, i);
@@ -485,11 +485,9 @@ INSTANTIATE_TEST_SUITE_P(Nodes, TcpRoundsLargeTest, ::testing::Values(2, 3));
 
 class TcpRoundsArgumentsTest : public ::testing::TestWithParam<int> {};
 
-// The collectives are not the rounds' business, and bad arguments are
-// answered without touching the network: no node hangs and the rounds stay
-// usable.
-TEST_P(TcpRoundsArgumentsTest,
-       CollectivesAreUnimplementedAndBadArgumentsDoNotPoison) {
+// Bad arguments are answered without touching the network: no node hangs
+// and the rounds stay usable.
+TEST_P(TcpRoundsArgumentsTest, BadArgumentsDoNotPoison) {
   const int nodes = GetParam();
   std::unique_ptr<Cluster> cluster = Connected(nodes);
   ASSERT_FALSE(HasFailure());
@@ -498,17 +496,8 @@ TEST_P(TcpRoundsArgumentsTest,
   constexpr size_t kTooMany = (size_t{1} << 24) + 1;
   const std::unique_ptr<int64_t[]> too_many(new int64_t[kTooMany]);
   OnEveryNode(nodes, [&](int rank) {
-    Communicator& rounds = *cluster->negotiations[rank];
+    NegotiationWire& rounds = *cluster->negotiations[rank];
     const CollectiveOptions options{kOpTimeout, 0};
-    float x = 1;
-    const absl::Status allreduce =
-        rounds.AllreduceSum(&x, 1, v1::DATA_TYPE_FLOAT32, options);
-    EXPECT_EQ(allreduce.code(), absl::StatusCode::kUnimplemented) << allreduce;
-    EXPECT_THAT(allreduce.message(), HasSubstr("negotiation rounds only"));
-    const absl::Status broadcast = rounds.Broadcast(&x, sizeof x, 0, options);
-    EXPECT_EQ(broadcast.code(), absl::StatusCode::kUnimplemented) << broadcast;
-    EXPECT_EQ(x, 1);
-
     const absl::Status null = rounds.ExchangeMin(nullptr, 3, options);
     EXPECT_EQ(null.code(), absl::StatusCode::kInvalidArgument) << null;
     EXPECT_THAT(null.message(), HasSubstr("data is null"));
@@ -638,7 +627,7 @@ TEST(TcpRoundsConnectTest, InvalidRequestsAreRejected) {
   EXPECT_EQ(code(cluster.Request(0, 1, milliseconds(-5))),
             absl::StatusCode::kInvalidArgument);
   // The count is ignored: the rounds are one set of connections.
-  absl::StatusOr<std::unique_ptr<Communicator>> rounds =
+  absl::StatusOr<std::unique_ptr<NegotiationWire>> rounds =
       transport.ConnectNegotiation(cluster.Request(0, 0, kShortTimeout));
   ASSERT_TRUE(rounds.ok()) << rounds.status();
   EXPECT_EQ((*rounds)->size(), 1);
@@ -704,7 +693,7 @@ TEST(TcpRoundsConnectTest, StrayConnectionsAreIgnored) {
   // Introductions are read as they arrive: the silent stray must not hold
   // node 1's introduction up until this runs out.
   const std::chrono::milliseconds kConnectTimeout(3000);
-  absl::StatusOr<std::unique_ptr<Communicator>> first =
+  absl::StatusOr<std::unique_ptr<NegotiationWire>> first =
       absl::UnknownError("not connected");
   std::thread node0([&] {
     first = cluster.transports[0]->ConnectNegotiation(
@@ -738,7 +727,7 @@ TEST(TcpRoundsConnectTest, StrayConnectionsAreIgnored) {
     strays.push_back(StrayConnection(port, {}));
     strays.push_back(StrayConnection(port, {'\x44', '\x4e', '\x52'}));
   }
-  absl::StatusOr<std::unique_ptr<Communicator>> second =
+  absl::StatusOr<std::unique_ptr<NegotiationWire>> second =
       cluster.transports[1]->ConnectNegotiation(
           cluster.Request(1, 1, kConnectTimeout));
   node0.join();
