@@ -340,13 +340,17 @@ bool DataPlane::Round(std::vector<int64_t>& vec, int32_t& body) {
         });
         for (size_t i : order) {
           const auto& op = agreed[i];
-          LaunchLocked(PartitionTask{op, 0, 0, op->size_bytes}, done);
+          LaunchLocked({PartitionTask{op, 0, 0, op->size_bytes}});
         }
       } else {
         for (auto& op : agreed) queue_.Add(std::move(op));
-        for (PartitionTask& task : queue_.Admit(
-                 outcome.min_free_credit, outcome.max_in_flight_bytes == 0)) {
-          LaunchLocked(std::move(task), done);
+        std::vector<PartitionTask> admitted = queue_.Admit(
+            outcome.min_free_credit, outcome.max_in_flight_bytes == 0);
+        for (Launch& launch :
+             FuseSmallTensors(std::move(admitted),
+                              options_.num_nodes > 1 ? kFuseTensorBytes : 0,
+                              kFuseLaunchBytes)) {
+          LaunchLocked(std::move(launch));
         }
       }
       // An operation of a tensor the body did not cover yet waits for the
@@ -372,19 +376,25 @@ bool DataPlane::Round(std::vector<int64_t>& vec, int32_t& body) {
   return !stopped_now;
 }
 
-void DataPlane::LaunchLocked(PartitionTask task, Done& done) {
-  (void)done;
-  OpState& state = ops_[task.op->id];
-  ++state.launched;
-  in_flight_bytes_ += task.length;
-  const uint64_t seq = launch_seq_++;
-  LaunchTrace(task, seq);
-  task.seq = seq;
-  task.channel = task.op->on_device ? static_cast<int32_t>(host_workers_)
-                                    : static_cast<int32_t>(seq % host_workers_);
-  task.launched_us = NowUs();
-  Worker& worker = *workers_[task.channel];
-  worker.queue.push_back(std::move(task));
+void DataPlane::LaunchLocked(Launch launch) {
+  // A fused launch goes where its first partition's sequence number says.
+  const bool on_device = launch.front().op->on_device;
+  const int32_t channel =
+      on_device ? static_cast<int32_t>(host_workers_)
+                : static_cast<int32_t>(launch_seq_ % host_workers_);
+  const int64_t now_us = NowUs();
+  for (PartitionTask& task : launch) {
+    OpState& state = ops_[task.op->id];
+    ++state.launched;
+    in_flight_bytes_ += task.length;
+    const uint64_t seq = launch_seq_++;
+    LaunchTrace(task, seq);
+    task.seq = seq;
+    task.channel = channel;
+    task.launched_us = now_us;
+  }
+  Worker& worker = *workers_[channel];
+  worker.queue.push_back(std::move(launch));
   worker.cv.notify_one();
 }
 
@@ -449,7 +459,7 @@ void DataPlane::Report(Done& done) {
 
 void DataPlane::WorkerLoop(Worker* worker) {
   while (true) {
-    PartitionTask task;
+    Launch launch;
     bool drop = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -458,54 +468,60 @@ void DataPlane::WorkerLoop(Worker* worker) {
         return !worker->queue.empty() || exit_workers_ || stopped_;
       });
       if (worker->queue.empty()) break;
-      task = std::move(worker->queue.front());
+      launch = std::move(worker->queue.front());
       worker->queue.pop_front();
       drop = drop_queued_;
     }
     const int64_t started_us = NowUs();
     int64_t reduced_us = 0;
     absl::Status status = drop ? absl::CancelledError("not started")
-                               : Execute(*worker, task, &reduced_us);
+                          : launch.size() == 1
+                              ? Execute(*worker, launch.front(), &reduced_us)
+                              : ExecuteFused(*worker, launch, &reduced_us);
     const int64_t done_us = NowUs();
     Done done;
     bool failed_now = false;
     absl::Status stop_status;
-    int64_t submitted_us = 0;
-    int64_t agreed_us = 0;
+    std::vector<std::pair<int64_t, int64_t>> times;  // submitted, agreed
     {
       std::lock_guard<std::mutex> lock(mu_);
-      in_flight_bytes_ -= task.length;
-      OpState& state = ops_[task.op->id];
-      submitted_us = state.submitted_us;
-      agreed_us = state.agreed_us;
-      ++state.returned;
-      if (status.ok()) {
-        bytes_done_ += task.length;
-      } else if (drop) {
-        if (state.status.ok()) state.status = OpFailure(*task.op, stop_status_);
-      } else {
-        // After Abort a collective fails because of it (an aborted NCCL
-        // communicator): the abort's reason is the operation's.
-        if (state.status.ok()) {
-          state.status = stopped_ && drop_queued_
-                             ? OpFailure(*task.op, stop_status_)
-                             : status;
+      for (const PartitionTask& task : launch) {
+        in_flight_bytes_ -= task.length;
+        OpState& state = ops_[task.op->id];
+        times.emplace_back(state.submitted_us, state.agreed_us);
+        ++state.returned;
+        if (status.ok()) {
+          bytes_done_ += task.length;
+        } else if (drop) {
+          if (state.status.ok()) {
+            state.status = OpFailure(*task.op, stop_status_);
+          }
+        } else {
+          // After Abort a collective fails because of it (an aborted NCCL
+          // communicator): the abort's reason is the operation's.
+          if (state.status.ok()) {
+            state.status = stopped_ && drop_queued_
+                               ? OpFailure(*task.op, stop_status_)
+                               : status;
+          }
+          if (!stopped_) {
+            StopLocked(status, /*drain=*/false, done);
+            failed_now = true;
+            stop_status = stop_status_;
+          }
         }
-        if (!stopped_) {
-          StopLocked(status, /*drain=*/false, done);
-          failed_now = true;
-          stop_status = stop_status_;
-        }
+        MaybeFinishLocked(task.op->id, done);
       }
-      MaybeFinishLocked(task.op->id, done);
       // Freed credit matters only to partitions waiting for it; the queue
       // is the same on every node, so when it is empty no node needs a
       // round for this.
       if (!queue_.empty()) WakeSchedulerLocked();
     }
     if (!drop) {
-      Record(task, submitted_us, agreed_us, started_us, reduced_us, done_us,
-             status.ok());
+      for (size_t i = 0; i < launch.size(); ++i) {
+        Record(launch[i], times[i].first, times[i].second, started_us,
+               reduced_us, done_us, status.ok());
+      }
     }
     if (failed_now && callbacks_.stopped) callbacks_.stopped(stop_status);
     Report(done);
@@ -550,6 +566,19 @@ std::string DataPlane::Describe(const PartitionTask& task) const {
                       "/", op.NumPartitions(), " (", task.length,
                       " bytes) in job \"", options_.job, "\" generation ",
                       options_.generation);
+}
+
+std::string DataPlane::DescribeFused(const Launch& launch) const {
+  std::string tensors;
+  int64_t bytes = 0;
+  for (const PartitionTask& task : launch) {
+    absl::StrAppend(&tensors, tensors.empty() ? "" : ", ", "\"",
+                    task.op->tensor_name, "\" step ", task.op->step);
+    bytes += task.length;
+  }
+  return absl::StrCat("fused push_pull of ", launch.size(), " tensors (",
+                      tensors, "; ", bytes, " bytes) in job \"", options_.job,
+                      "\" generation ", options_.generation);
 }
 
 void DataPlane::Record(const PartitionTask& task, int64_t submitted_us,
@@ -626,6 +655,46 @@ absl::Status DataPlane::Execute(Worker& worker, const PartitionTask& task,
   }
   if (!status.ok()) return TransportError(status, Describe(task));
   return status;
+}
+
+absl::Status DataPlane::ExecuteFused(Worker& worker, const Launch& launch,
+                                     int64_t* reduced_us) {
+  // FuseSmallTensors: host push-pulls of whole tensors, one data type and
+  // average flag, more than one node.
+  const Operation& first = *launch.front().op;
+  const size_t element = ElementSize(first.dtype);
+  size_t total = 0;
+  for (const PartitionTask& task : launch) {
+    total += static_cast<size_t>(task.length);
+  }
+  if (worker.fused.size() < total) worker.fused.resize(total);
+  uint8_t* packed = worker.fused.data();
+  size_t at = 0;
+  for (const PartitionTask& task : launch) {
+    const Operation& op = *task.op;
+    const size_t n = op.inputs.size();
+    absl::InlinedVector<const void*, 8> srcs(n);
+    for (size_t i = 0; i < n; ++i) srcs[i] = op.inputs[i] + task.offset;
+    SumInto(op.dtype, packed + at, srcs.data(), n,
+            static_cast<size_t>(task.length) / element);
+    at += static_cast<size_t>(task.length);
+  }
+  *reduced_us = NowUs();
+  CollectiveOptions opts;
+  opts.timeout = options_.op_timeout;
+  if (first.average && options_.world_size > 1) {
+    opts.divisor = options_.world_size;
+  }
+  const absl::Status status =
+      worker.comm->AllreduceSum(packed, total / element, first.dtype, opts);
+  if (!status.ok()) return TransportError(status, DescribeFused(launch));
+  at = 0;
+  for (const PartitionTask& task : launch) {
+    std::memcpy(task.op->output + task.offset, packed + at,
+                static_cast<size_t>(task.length));
+    at += static_cast<size_t>(task.length);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DataPlane::AbortedBeforeWriteBack() const {

@@ -68,10 +68,12 @@ struct DeviceGroup {
 // per data communicator that runs the collectives on the tensors' shared
 // memory.
 //
-// Partitions of host tensors are assigned to the data communicators
-// round-robin by launch sequence number, which every node computes
-// identically, so each communicator sees the same collectives in the same
-// order on every node. Partitions of CUDA tensors all go to one more worker
+// Launches of host tensors (one partition, or in priority mode a run of
+// small whole tensors fused into one collective: FuseSmallTensors) are
+// assigned to the data communicators round-robin by the launch sequence
+// number of their first partition, which every node computes identically,
+// so each communicator sees the same collectives in the same order on every
+// node. Partitions of CUDA tensors all go to one more worker
 // that owns the DeviceGroup, in launch order (NCCL needs one order per
 // group); a tensor is in the same kind of memory on every node (the
 // coordinator compares TensorSpec.memory).
@@ -157,7 +159,9 @@ class DataPlane {
     // which StopLocked aborts, so it is reset under mu_.
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<DeviceCommunicator> device;
-    std::deque<PartitionTask> queue;
+    std::deque<Launch> queue;
+    // The packed buffer of fused launches (grows to the largest one).
+    std::vector<uint8_t> fused;
     std::condition_variable cv;
     std::thread thread;
   };
@@ -171,6 +175,10 @@ class DataPlane {
   // `*reduced_us` is when the local reduction finished.
   absl::Status Execute(Worker& worker, const PartitionTask& task,
                        int64_t* reduced_us);
+  // Runs a fused launch: each tensor's local reduction into the packed
+  // buffer, one allreduce over it, each result copied out.
+  absl::Status ExecuteFused(Worker& worker, const Launch& launch,
+                            int64_t* reduced_us);
   // The hierarchical path's gloo step ended after an Abort: the trainers
   // were told the operation failed and may be writing their next input, so
   // the result is not copied into their buffers (the abort's status).
@@ -192,8 +200,8 @@ class DataPlane {
   // Something the next round must see happened here: starts a round now,
   // on this node and (through the negotiation) on every other.
   void WakeSchedulerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LaunchLocked(PartitionTask task, Done& done)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `launch` (one partition, or fused small tensors) on one worker.
+  void LaunchLocked(Launch launch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LaunchTrace(const PartitionTask& task, uint64_t seq)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops scheduling with `status`. `drain`: workers still run the queued
@@ -215,6 +223,14 @@ class DataPlane {
 
   // Single-node operations up to this size run on the submitting thread.
   static constexpr int64_t kInlineBytes = 64 << 10;
+  // Priority mode, more than one node: consecutive admitted push-pulls of
+  // whole tensors up to kFuseTensorBytes fuse into launches of up to
+  // kFuseLaunchBytes (FuseSmallTensors): one collective instead of one per
+  // tensor (ResNet-50 has 161 parameter tensors, MobileNetV2 158, most of
+  // them a few KiB).
+  static constexpr int64_t kFuseTensorBytes = 256 << 10;
+  static constexpr int64_t kFuseLaunchBytes = 1 << 20;
+  std::string DescribeFused(const Launch& launch) const;
 
   // Constant after construction.
   const DataPlaneOptions options_;

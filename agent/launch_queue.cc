@@ -27,6 +27,36 @@ std::vector<PartitionTask> LaunchQueue::Admit(int64_t free_credit,
   return admitted;
 }
 
+std::vector<Launch> FuseSmallTensors(std::vector<PartitionTask> admitted,
+                                     int64_t max_tensor_bytes,
+                                     int64_t max_launch_bytes) {
+  const auto fusable = [&](const PartitionTask& task) {
+    const Operation& op = *task.op;
+    return max_tensor_bytes > 0 && !op.on_device &&
+           op.kind == v1::COLLECTIVE_OP_PUSH_PULL && op.NumPartitions() == 1 &&
+           task.length <= max_tensor_bytes;
+  };
+  std::vector<Launch> launches;
+  int64_t bytes = 0;  // of the last launch, while it may grow
+  bool growing = false;
+  for (PartitionTask& task : admitted) {
+    const bool fits = growing && fusable(task) &&
+                      bytes + task.length <= max_launch_bytes &&
+                      task.op->dtype == launches.back().front().op->dtype &&
+                      task.op->average == launches.back().front().op->average;
+    if (fits) {
+      bytes += task.length;
+      launches.back().push_back(std::move(task));
+      continue;
+    }
+    growing = fusable(task);
+    bytes = task.length;
+    launches.emplace_back();
+    launches.back().push_back(std::move(task));
+  }
+  return launches;
+}
+
 std::vector<std::shared_ptr<const Operation>> LaunchQueue::Clear() {
   std::vector<std::shared_ptr<const Operation>> ops;
   absl::flat_hash_set<uint64_t> seen;

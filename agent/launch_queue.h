@@ -23,6 +23,22 @@ struct PartitionTask {
   int64_t launched_us = 0;
 };
 
+// A launch: partitions that run as one collective. Usually one; several
+// small whole tensors fused into one collective over a packed buffer
+// (FuseSmallTensors).
+using Launch = std::vector<PartitionTask>;
+
+// Groups `admitted` (in launch order) into launches: a run of consecutive
+// host push-pulls, each a whole tensor of at most `max_tensor_bytes`, with
+// one data type and one average flag, fuses into one launch of at most
+// `max_launch_bytes`; everything else is a launch of its own. Keeps the
+// order, so priority order holds; a pure function of its inputs (tensor
+// sizes, types and flags are the same on every node), so every node fuses
+// alike. max_tensor_bytes 0: no fusion.
+std::vector<Launch> FuseSmallTensors(std::vector<PartitionTask> admitted,
+                                     int64_t max_tensor_bytes,
+                                     int64_t max_launch_bytes);
+
 // The priority scheduler's queue of agreed partitions, ordered by (tensor
 // priority, partition index, tensor id), with the credit window applied on
 // admission (ARCHITECTURE.md, "Scheduling"). Deterministic: the same

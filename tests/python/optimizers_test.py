@@ -132,23 +132,37 @@ def test_num_steps_smaller_than_the_real_count_finishes_with_every_update():
     assert_same(model, reference(sgd, STEPS), "num_steps too small")
 
 
-def test_gradients_accumulate_in_shared_memory_and_zero_grad_waits_for_them():
-    """Both optimizers keep p.grad in the push-pull's shared input region
-    (nothing is copied in). ScheduledOptimizer's zero_grad(), called while
-    push-pulls still read those gradients, zeroes them only once each has
-    completed: the training matches the reference exactly as before."""
+def test_results_and_gradients_live_in_shared_memory():
+    """ScheduledOptimizer's averaged gradients land in the push-pulls' shared
+    result regions (nothing copied out) while p.grad stays the user's: the
+    model's own zero_grad(), called while push-pulls are still in flight,
+    changes nothing. DistributedOptimizer keeps p.grad in the shared input
+    region (nothing copied in)."""
     model = make_model()
     optimizer = bt.ScheduledOptimizer(model, sgd(model), num_steps=STEPS)
     for name, p in model.named_parameters():
-        shared, _ = bt._require().host_regions("Gradient." + name)
-        view = torch.frombuffer(shared, dtype=torch.uint8)
-        assert p.grad is not None and p.grad.data_ptr() == view.data_ptr(), name
+        _, result = bt._require().host_regions("Gradient." + name)
+        slot = optimizer._slots[p]
+        assert slot.output.data_ptr() == torch.frombuffer(result, dtype=torch.uint8).data_ptr(), name
     for step in range(STEPS):
         x, y = batch(step, bt.rank())
-        optimizer.zero_grad()  # the previous step's push-pulls may be in flight
+        model.zero_grad()  # the previous step's push-pulls may be in flight
         loss_fn(model, x, y).backward()
         optimizer.step()
     optimizer.close()
+    assert_same(model, reference(sgd, STEPS), "results in shared memory")
+
+    # Closed: its names' shared memory is free for the next model.
+    model = make_model()
+    distributed = bt.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    for name, p in model.named_parameters():
+        shared, _ = bt._require().host_regions("Gradient." + name)
+        assert p.grad.data_ptr() == torch.frombuffer(shared, dtype=torch.uint8).data_ptr(), name
+    for step in range(STEPS):
+        x, y = batch(step, bt.rank())
+        distributed.zero_grad()
+        loss_fn(model, x, y).backward()
+        distributed.step()
     assert_same(model, reference(sgd, STEPS), "gradients in shared memory")
 
     # A second model with the same parameter names while the first lives:
@@ -163,7 +177,7 @@ def test_gradients_accumulate_in_shared_memory_and_zero_grad_waits_for_them():
         loss_fn(second, x, y).backward()
         distributed.step()
     assert_same(second, reference(sgd, STEPS), "second model, same names")
-    assert_same(model, reference(sgd, STEPS), "first model untouched by the second")
+    assert_same(model, reference(sgd, STEPS), "the first model untouched by the second")
 
 
 def test_every_module_owning_parameters_is_gated():

@@ -150,6 +150,53 @@ TEST(LaunchQueueTest, ClearReturnsEachQueuedOperationOnce) {
   EXPECT_TRUE(queue.empty());
 }
 
+// Each launch as "t0/0+t1/0".
+std::vector<std::string> Launches(const std::vector<Launch>& launches) {
+  std::vector<std::string> out;
+  for (const Launch& launch : launches) {
+    std::string text;
+    for (const std::string& task : Order(launch)) {
+      text += (text.empty() ? "" : "+") + task;
+    }
+    out.push_back(text);
+  }
+  return out;
+}
+
+TEST(FuseSmallTensorsTest, FusesRunsOfSmallWholeTensorsAlike) {
+  LaunchQueue queue;
+  queue.Add(Op(0, 0, 0, 8));
+  queue.Add(Op(1, 1, 0, 16));
+  queue.Add(Op(2, 2, 0, 64, 32));  // two partitions: never fused
+  queue.Add(Op(3, 3, 0, 8));
+  auto int32 = Op(4, 4, 0, 8);
+  int32->dtype = v1::DATA_TYPE_INT32;  // another type: a launch of its own
+  queue.Add(int32);
+  auto averaged = Op(5, 5, 0, 8);
+  averaged->average = true;  // another flag
+  queue.Add(averaged);
+  queue.Add(Op(6, 6, 0, 8));
+  queue.Add(Op(7, 7, 0, 40));  // above the tensor limit
+  queue.Add(Op(8, 8, 0, 8));
+  auto broadcast = Op(9, 9, 0, 8);
+  broadcast->kind = v1::COLLECTIVE_OP_BROADCAST;
+  queue.Add(broadcast);
+  queue.Add(Op(10, 10, 0, 8));
+  queue.Add(Op(11, 11, 0, 8));
+  queue.Add(Op(12, 12, 0, 8));
+  auto device = Op(13, 13, 0, 8);
+  device->on_device = true;
+  queue.Add(device);
+  std::vector<PartitionTask> admitted = queue.Admit(1 << 20, false);
+  EXPECT_THAT(
+      Launches(FuseSmallTensors(admitted, /*max_tensor_bytes=*/32,
+                                /*max_launch_bytes=*/24)),
+      ElementsAre("t0/0+t1/0", "t2/0", "t2/1", "t3/0", "t4/0", "t5/0", "t6/0",
+                  "t7/0", "t8/0", "t9/0", "t10/0+t11/0+t12/0", "t13/0"));
+  // Off: every partition alone, in the same order.
+  EXPECT_EQ(FuseSmallTensors(admitted, 0, 1 << 20).size(), admitted.size());
+}
+
 // One node of a data-plane test: its data plane, buffers and trace.
 struct Node {
   // Declared before the plane, which records into it.
@@ -320,7 +367,10 @@ TEST_P(DataPlaneTest, RandomSubmissionOrderGivesOneLaunchOrderAndRightSums) {
     std::string order;
     for (const v1::PartitionTrace& r : records) {
       EXPECT_TRUE(r.ok());
-      EXPECT_EQ(r.channel(), static_cast<int32_t>(r.launch_seq() % 2));
+      // A launch goes to the channel of its first partition's sequence
+      // number (fused launches carry several): the same on every node.
+      EXPECT_GE(r.channel(), 0);
+      EXPECT_LT(r.channel(), 2);
       EXPECT_EQ(r.kind(), "push_pull");
       EXPECT_EQ(r.tensor(), "t" + std::to_string(r.tensor_id()));
       EXPECT_GT(r.submitted_us(), 0);
@@ -329,7 +379,8 @@ TEST_P(DataPlaneTest, RandomSubmissionOrderGivesOneLaunchOrderAndRightSums) {
                                            r.reduced_us(),   r.done_us()};
       EXPECT_TRUE(std::is_sorted(phases.begin(), phases.end()))
           << r.ShortDebugString();
-      absl::StrAppend(&order, r.tensor_id(), "/", r.partition(), " ");
+      absl::StrAppend(&order, r.tensor_id(), "/", r.partition(), "@",
+                      r.channel(), " ");
     }
     orders.push_back(order);
   }
@@ -353,6 +404,54 @@ TEST(TimelineRecorderTest, KeepsTheNewestRecordsAndSaysWhenItDropped) {
   EXPECT_EQ(recorder.Query(2, 3, &truncated).size(), 2u);
   EXPECT_FALSE(truncated);  // steps 2..3 were never dropped
   EXPECT_TRUE(recorder.Query(1, 2, &truncated).size() == 1u && truncated);
+}
+
+// Small tensors agreed in one round fuse into launches of one collective
+// each, alike on every node, and every tensor still gets its own sum.
+TEST_P(DataPlaneTest, SmallTensorsAgreedTogetherFuseIntoOneCollective) {
+  Start(3, DataPlaneOptions());
+  constexpr int kTensors = 20;
+  // Nothing is agreed before the plan covers the tensors: all of them are
+  // submitted first, then agreed in one round.
+  OnEveryNode(3, [&](int rank) {
+    for (uint32_t t = 0; t < kTensors; ++t) {
+      nodes_[rank]->plane->Submit(
+          SumOp(rank, t, static_cast<int32_t>(t), 0, 250 + t, 0));
+    }
+  });
+  for (auto& node : nodes_) node->plane->SetKnownTensors(kTensors);
+  std::vector<std::string> launches;
+  for (int rank = 0; rank < 3; ++rank) {
+    for (uint32_t t = 0; t < kTensors; ++t) {
+      ASSERT_TRUE(nodes_[rank]->WaitDone(t * 1000 + 1).ok());
+      const std::vector<float>& out = Output(rank, t);
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(out[i], 6.0f * static_cast<float>(i % 100 + 1))
+            << "node " << rank << " tensor " << t << " index " << i;
+      }
+    }
+    bool truncated = true;
+    std::vector<v1::PartitionTrace> records =
+        nodes_[rank]->timeline.Query(0, 0, &truncated);
+    ASSERT_EQ(records.size(), static_cast<size_t>(kTensors));
+    std::sort(records.begin(), records.end(), [](const auto& a, const auto& b) {
+      return a.launch_seq() < b.launch_seq();
+    });
+    // A fused launch: consecutive records started together on one channel.
+    std::string text;
+    int64_t fused = 0;
+    for (size_t i = 0; i < records.size(); ++i) {
+      const bool joins =
+          i > 0 && records[i].started_us() == records[i - 1].started_us() &&
+          records[i].channel() == records[i - 1].channel();
+      if (joins) ++fused;
+      absl::StrAppend(&text, joins ? "+" : " ", records[i].tensor_id());
+    }
+    EXPECT_GT(fused, 0) << "node " << rank << ":" << text;
+    launches.push_back(text);
+  }
+  EXPECT_EQ(launches[1], launches[0]);
+  EXPECT_EQ(launches[2], launches[0]);
 }
 
 TEST_P(DataPlaneTest, MismatchedStepsFailOnEveryNodeAndOthersGoOn) {

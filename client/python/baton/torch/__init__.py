@@ -537,6 +537,14 @@ def _shared_views(name, owner):
     )
 
 
+def _release_shared(name, owner):
+    """`owner` no longer uses `name`'s shared memory (its optimizer closed)."""
+    with _lock:
+        current = _shared_owners.get(name)
+        if current is not None and current() is owner:
+            del _shared_owners[name]
+
+
 def broadcast_parameters(params, root_rank):
     """Makes every rank hold root_rank's values of `params`, exactly.
 

@@ -45,9 +45,11 @@ def _accumulate_in_shared_memory(named_params):
     """Makes each host parameter's .grad a tensor in its push-pull's shared
     input region (holding the gradient it had, or zeros): autograd then
     accumulates there in place (zero_grad() zeroes in place too), and the
-    push-pull copies nothing in. With zero_grad(set_to_none=True) the next
-    backward allocates a new .grad, which is copied in as before. Returns
-    {param: (input view, result view)}."""
+    in-place push-pull copies nothing in. With zero_grad(set_to_none=True)
+    the next backward allocates a new .grad, which is copied in as before.
+    Only for DistributedOptimizer, whose push-pulls all complete in step():
+    like Horovod's in-place allreduce, p.grad must not be changed between
+    backward() and step(). Returns {param: (input view, result view)}."""
     shared = {}
     for name, p in named_params:
         views = _bt._shared_views(name, p)
@@ -186,10 +188,7 @@ class _ParamStateView:
 class _Slot:
     """One parameter under a ScheduledOptimizer."""
 
-    __slots__ = (
-        "name", "param", "index", "group", "gate", "output", "shared_input", "zero_pending",
-        "handle", "iteration",
-    )
+    __slots__ = ("name", "param", "index", "group", "gate", "output", "handle", "iteration")
 
     def __init__(self, name, param, index, group):
         self.name = name
@@ -198,12 +197,9 @@ class _Slot:
         self.group = group  # index into the optimizer's param_groups
         self.gate = threading.Event()
         self.gate.set()
+        # Where the averaged gradient lands: the push-pull's shared result
+        # region for host parameters (ScheduledOptimizer.__init__).
         self.output = torch.empty_like(param, memory_format=torch.contiguous_format)
-        # p.grad's home in shared memory (None: a CUDA or empty parameter).
-        self.shared_input = None
-        # zero_grad() was called while the push-pull read p.grad: zero it
-        # once that completes.
-        self.zero_pending = False
         self.handle = None  # the push-pull in flight, until applied
         self.iteration = None  # the step() it belongs to
 
@@ -263,13 +259,15 @@ class ScheduledOptimizer:
             if p.requires_grad and p in group_of:
                 self._slots[p] = _Slot("Gradient." + name, p, len(self._slots), group_of[p])
         _bt.declare_many([(s.name, s.param) for s in self._slots.values()])
-        # Gradients accumulate in the push-pulls' shared input regions and
-        # the results land in their result regions, where the update reads
-        # them: nothing is copied in or out.
-        shared = _accumulate_in_shared_memory([(s.name, s.param) for s in self._slots.values()])
-        for p, (shared_input, result) in shared.items():
-            self._slots[p].shared_input = shared_input
-            self._slots[p].output = result
+        # The results land in the push-pulls' shared result regions, where
+        # the update reads them: nothing is copied out. p.grad stays the
+        # user's (copied in when its push-pull starts), because the next
+        # iteration's zero_grad() -- the model's too -- runs while the
+        # push-pulls are still in flight.
+        for slot in self._slots.values():
+            views = _bt._shared_views(slot.name, slot.param)
+            if views is not None:
+                slot.output = views[1]
 
         self._cv = threading.Condition()
         self._iteration = 0  # step() calls so far
@@ -371,39 +369,9 @@ class ScheduledOptimizer:
             self.finalize()
 
     def zero_grad(self, set_to_none=False):
-        """The wrapped optimizer's zero_grad, safe at any time. A gradient in
-        shared memory whose push-pull is still reading it is zeroed as soon
-        as that completes, before its parameter's update opens the gate the
-        next forward pass of its module waits for (so before the next
-        backward pass can reach it)."""
-        with self._cv:
-            deferred = []
-            for slot in self._slots.values():
-                p = slot.param
-                if (
-                    not set_to_none
-                    and slot.handle is not None
-                    and p.grad is not None
-                    and p.grad is slot.shared_input
-                ):
-                    slot.zero_pending = True
-                    deferred.append(p)
-        if not deferred:
-            return self.optimizer.zero_grad(set_to_none)
-        # The optimizer's own zero_grad for every other parameter.
-        skip = set(deferred)
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                if p in skip or p.grad is None:
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    if p.grad.grad_fn is not None:
-                        p.grad.detach_()
-                    else:
-                        p.grad.requires_grad_(False)
-                    p.grad.zero_()
+        """The wrapped optimizer's zero_grad (safe at any time: push-pulls
+        copy p.grad when they start, and updates never read it)."""
+        return self.optimizer.zero_grad(set_to_none)
 
     def finalize(self):
         """Waits until every update of every step() so far is applied. A
@@ -437,6 +405,8 @@ class ScheduledOptimizer:
             for hook in self._hooks:
                 hook.remove()
             self._hooks = []
+            for slot in self._slots.values():
+                _bt._release_shared(slot.name, slot.param)
             self._grad_accs = []
             _bt._drainers.discard(self)
 
@@ -494,11 +464,7 @@ class ScheduledOptimizer:
                         self._error = e
                 finally:
                     for slot in ready:
-                        with self._cv:
-                            slot.handle = None
-                            zero, slot.zero_pending = slot.zero_pending, False
-                        if zero and slot.param.grad is not None:
-                            slot.param.grad.zero_()
+                        slot.handle = None
                         slot.gate.set()
             if self._error is not None:
                 for slot in self._slots.values():
