@@ -304,7 +304,7 @@ void DivideInt64(void* data, size_t count, int64_t divisor) {
 // FLOAT16 with the F16C conversion instructions, 8 elements per instruction:
 // the software conversions above cost about 13 instructions per element,
 // which made a two-source FLOAT16 sum several times slower than memory (see
-// tools/bench/local_reduce.cc). Same results: both round to nearest-even and
+// agent/bench/local_reduce.cc). Same results: both round to nearest-even and
 // quiet NaNs the same way. Compiled for AVX + F16C (every x86-64 server CPU
 // since 2012); UseF16C() decides at run time.
 #define BATON_REDUCE_F16C __attribute__((target("avx,f16c")))

@@ -45,7 +45,7 @@
 #include "tests/gpu/gpu_test_main.h"
 #include "tests/gpu/trainer_process.h"
 #include "tests/unit/agent/transport/gloo_cluster.h"
-#include "tests/unit/agent/transport/memory_store.h"
+#include "agent/transport/memory_key_value_store.h"
 
 namespace baton::agent {
 namespace {

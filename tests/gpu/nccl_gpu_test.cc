@@ -25,7 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_main.h"
-#include "tests/unit/agent/transport/memory_store.h"
+#include "agent/transport/memory_key_value_store.h"
 #include "tests/unit/agent/transport/node_threads.h"
 #include "tests/unit/agent/transport/typed_values.h"
 

@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -37,10 +38,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "baton/v1/status.grpc.pb.h"
+#include "absl/time/time.h"
+#include "baton/status_client.h"
 #include "common/init.h"
 #include "gflags/gflags.h"
-#include "grpcpp/grpcpp.h"
 
 DEFINE_int32(nodes, 1, "Nodes (agents) of the job, 1..64");
 DEFINE_int32(procs_per_node, 1, "Trainers per node, 1..64");
@@ -209,15 +210,9 @@ bool Failed(int status) {
 }
 
 // Members of `job` as the coordinator reports them (0 while unknown).
-int Members(v1::Status::Stub& stub, const std::string& job) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(2));
-  v1::GetJobRequest request;
-  request.set_job(job);
-  v1::JobStatus status;
-  if (!stub.GetJob(&context, request, &status).ok()) return 0;
-  return status.members_size();
+int Members(StatusClient& status, const std::string& job) {
+  absl::StatusOr<v1::JobStatus> job_status = status.GetJob(job);
+  return job_status.ok() ? job_status->members_size() : 0;
 }
 
 class Launcher {
@@ -340,10 +335,9 @@ int Launcher::Run(const std::vector<std::string>& command) {
   bool ok = true;
   if (embedded) {
     ok = StartCluster();
-    std::unique_ptr<v1::Status::Stub> stub;
+    std::unique_ptr<StatusClient> status;
     if (ok) {
-      stub = v1::Status::NewStub(grpc::CreateChannel(
-          coordinator_, grpc::InsecureChannelCredentials()));
+      status = std::make_unique<StatusClient>(coordinator_, absl::Seconds(2));
     }
     for (int node = 1; ok && node <= FLAGS_nodes; ++node) {
       const std::string socket = absl::StrCat(dir_, "/agent", node, ".sock");
@@ -373,7 +367,7 @@ int Launcher::Run(const std::vector<std::string>& command) {
       // order, so ranks are exactly as announced in RANK.
       const auto deadline =
           std::chrono::steady_clock::now() + std::chrono::seconds(60);
-      while (ok && node < FLAGS_nodes && Members(*stub, FLAGS_job) < node &&
+      while (ok && node < FLAGS_nodes && Members(*status, FLAGS_job) < node &&
              received_signal == 0) {
         int status = 0;
         const pid_t pid = waitpid(-1, &status, WNOHANG);

@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/transport/fake_gpu_api.h"
-#include "tests/unit/agent/transport/memory_store.h"
+#include "agent/transport/memory_key_value_store.h"
 #include "tests/unit/agent/transport/node_threads.h"
 
 // Test helpers for the NCCL transport: N nodes as N threads of one process,

@@ -11,7 +11,7 @@
 #include "agent/transport/gloo/gloo_transport.h"
 #include "agent/transport/tcp_transport.h"
 #include "gtest/gtest.h"
-#include "tests/unit/agent/transport/memory_store.h"
+#include "agent/transport/memory_key_value_store.h"
 #include "tests/unit/agent/transport/node_threads.h"
 
 // Test helpers for the host transports: N nodes as N threads of one

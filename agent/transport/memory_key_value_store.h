@@ -16,7 +16,8 @@
 
 namespace baton::agent {
 
-// An in-memory KeyValueStore for tests: the coordinator's store semantics
+// An in-process KeyValueStore (for agents in one process: the tests, the GPU
+// benchmark): the coordinator's store semantics
 // (blocking Get with a timeout naming the missing keys, ABORTED once the
 // scope is aborted) without the coordinator. Counts requests.
 //

@@ -44,7 +44,7 @@
 #include "gflags/gflags.h"
 // The coordinator's store semantics in memory: one node rendezvouses with
 // itself.
-#include "tests/unit/agent/transport/memory_store.h"
+#include "agent/transport/memory_key_value_store.h"
 
 DEFINE_int64(min_bytes, int64_t{1} << 20, "Smallest allreduce, in bytes");
 DEFINE_int64(max_bytes, int64_t{1} << 30, "Largest allreduce, in bytes");
