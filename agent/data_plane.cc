@@ -430,11 +430,15 @@ void DataPlane::StopLocked(absl::Status status, bool drain, Done& done) {
   scheduler_cv_.notify_all();
   if (negotiation_ != nullptr) negotiation_->Interrupt();
   for (auto& worker : workers_) worker->cv.notify_all();
-  // An NCCL collective in flight waits for peers that may never come; the
-  // gloo ones end at their timeout.
-  if (!drain && device_worker_ != nullptr &&
-      device_worker_->device != nullptr) {
-    device_worker_->device->Abort(stop_status_);
+  // A collective in flight may wait for peers that may never come: NCCL's
+  // and the TCP rings' end at once when aborted (gloo's at their timeout).
+  if (!drain) {
+    for (auto& worker : workers_) {
+      if (worker->comm != nullptr) worker->comm->Abort(stop_status_);
+    }
+    if (device_worker_ != nullptr && device_worker_->device != nullptr) {
+      device_worker_->device->Abort(stop_status_);
+    }
   }
 }
 
@@ -526,12 +530,15 @@ void DataPlane::WorkerLoop(Worker* worker) {
     if (failed_now && callbacks_.stopped) callbacks_.stopped(stop_status);
     Report(done);
   }
-  worker->comm.reset();  // as in SchedulerLoop
+  // As in SchedulerLoop; StopLocked reaches the communicators under mu_.
+  std::unique_ptr<Communicator> comm;
   std::unique_ptr<DeviceCommunicator> device;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    comm = std::move(worker->comm);
     device = std::move(worker->device);
   }
+  comm.reset();
   device.reset();
   std::lock_guard<std::mutex> lock(mu_);
   --threads_running_;

@@ -155,8 +155,8 @@ class DataPlane {
   };
   struct Worker {
     // Host tensors' worker: its communicator. The device worker: the
-    // DeviceGroup's host communicator (may be null) and its device one,
-    // which StopLocked aborts, so it is reset under mu_.
+    // DeviceGroup's host communicator (may be null) and its device one.
+    // StopLocked aborts both, so the worker resets them under mu_.
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<DeviceCommunicator> device;
     std::deque<Launch> queue;

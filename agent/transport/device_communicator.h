@@ -72,7 +72,7 @@ class DeviceCommunicator : public Communicator {
   // the underlying connections are torn down without waiting for peers, and
   // every later call returns FAILED_PRECONDITION. Idempotent; the first
   // reason is kept.
-  virtual void Abort(const absl::Status& status) = 0;
+  void Abort(const absl::Status& status) override = 0;
 };
 
 // Builds DeviceCommunicators over a fixed list of this node's GPUs (the NCCL

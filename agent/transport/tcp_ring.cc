@@ -78,11 +78,15 @@ std::string TcpRing::Describe() const {
 }
 
 absl::Status TcpRing::Poison(absl::Status status) {
+  // After Abort the collective that fails because of it reports the abort.
+  if (absl::Status aborted = poison_.Check(); !aborted.ok()) return aborted;
   poison_.Set(status);
   if (prev_fd_ >= 0) ::shutdown(prev_fd_, SHUT_RDWR);
   if (next_fd_ >= 0) ::shutdown(next_fd_, SHUT_RDWR);
   return status;
 }
+
+void TcpRing::Abort(const absl::Status& status) { (void)Poison(status); }
 
 absl::Status TcpRing::HeaderMismatch(const Header& mine, const Header& theirs,
                                      const std::string& what) {

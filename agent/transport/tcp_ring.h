@@ -69,6 +69,9 @@ class TcpRing : public Communicator {
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
   bool poisoned() const override { return poison_.is_set(); }
+  // Shuts both connections down: a collective in flight fails at once, and
+  // so do the neighbours' (they see the connection close).
+  void Abort(const absl::Status& status) override;
 
   // The unit in which received bytes are added (and the scratch's size).
   static constexpr size_t kSegmentBytes = size_t{256} << 10;

@@ -46,6 +46,13 @@ class Communicator {
                                  const CollectiveOptions& options) = 0;
 
   virtual bool poisoned() const = 0;
+
+  // Thread-safe, callable while another thread is inside a collective:
+  // poisons the communicator with `status` and makes a collective in flight
+  // fail at once, instead of waiting for peers that may never come (the
+  // data plane calls it when it stops on a generation change). The default
+  // does nothing: the collective ends at its timeout (gloo).
+  virtual void Abort(const absl::Status& status) { (void)status; }
 };
 
 // What a node connects for one generation's data plane: the scheduler's

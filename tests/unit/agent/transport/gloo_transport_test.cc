@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "agent/reduce.h"
 #include "agent/transport/tcp_ring.h"
 #include "gmock/gmock.h"
@@ -417,6 +418,38 @@ TEST(TcpRingMismatchTest, NodesThatDisagreeFailAtOnceNamingBothSides) {
     EXPECT_TRUE(cluster.communicators[rank][0]->poisoned());
   }
   EXPECT_THAT(kinds[1].message(), HasSubstr("runs broadcast"));
+}
+
+// Abort (the data plane stopping on a generation change) ends a collective
+// that waits for a silent neighbour at once, not at its timeout, and names
+// the reason.
+TEST(TcpRingTest, AbortEndsACollectiveInFlightAtOnce) {
+  Cluster cluster(2, DataTransport::kTcp);
+  ASSERT_TRUE(cluster.Connect());
+  Communicator& communicator = *cluster.communicators[0][0];
+  absl::Notification started;
+  absl::Status status;
+  std::thread waiter([&] {
+    std::vector<float> data(1000, 1.0f);
+    started.Notify();
+    status = communicator.AllreduceSum(data.data(), data.size(),
+                                       v1::DATA_TYPE_FLOAT32,
+                                       CollectiveOptions{kOpTimeout, 0});
+  });
+  started.WaitForNotification();
+  const auto start = SteadyClock::now();
+  communicator.Abort(absl::AbortedError("generation 1 was aborted"));
+  waiter.join();
+  EXPECT_LT(Since(start).count(), kFailFast.count()) << status;
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.message(), HasSubstr("generation 1 was aborted"));
+  EXPECT_TRUE(communicator.poisoned());
+  // The neighbour sees the connection close.
+  std::vector<float> data(1000, 1.0f);
+  const absl::Status peer = cluster.communicators[1][0]->AllreduceSum(
+      data.data(), data.size(), v1::DATA_TYPE_FLOAT32,
+      CollectiveOptions{kOpTimeout, 0});
+  EXPECT_EQ(peer.code(), absl::StatusCode::kUnavailable) << peer;
 }
 
 // A ring connects each node to its two neighbours only, under its own keys.
