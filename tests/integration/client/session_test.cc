@@ -371,10 +371,11 @@ TEST_F(SessionTest, SynchronizeTimesOutWhileARankLagsThenDelivers) {
   auto early_handle = early.PushPullAsync("g", BufferOf(a), false);
   ASSERT_TRUE(early_handle.ok()) << early_handle.status();
 
-  const absl::Time start = absl::Now();
+  const auto start = std::chrono::steady_clock::now();  // the wait's clock
   absl::Status status =
       early.Synchronize(*early_handle, std::chrono::milliseconds(200));
-  const absl::Duration waited = absl::Now() - start;
+  const absl::Duration waited =
+      absl::FromChrono(std::chrono::steady_clock::now() - start);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(status.message(),
               AllOf(HasSubstr("tensor \"g\" step 0"),
@@ -501,9 +502,12 @@ TEST_F(SessionTest, ShutdownAbandonsWhatCannotDrainAndSaysHowMuch) {
 
   Session& session = *sessions_[leaver];
   const int32_t rank = session.rank();
-  const absl::Time start = absl::Now();
+  // The steady clock Shutdown's deadline uses: the wall clock can be slewed
+  // (it once measured 499.986 ms here).
+  const auto start = std::chrono::steady_clock::now();
   absl::Status status = session.Shutdown(std::chrono::milliseconds(500));
-  const absl::Duration took = absl::Now() - start;
+  const absl::Duration took =
+      absl::FromChrono(std::chrono::steady_clock::now() - start);
   EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
   EXPECT_THAT(status.message(),
               AllOf(HasSubstr("2 operation(s) still in flight after 500 ms"),
