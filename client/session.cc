@@ -358,7 +358,8 @@ class Session::Impl {
     int unfinished = 0;
     std::string first_unfinished;
     for (const OperationHandle& operation : pending) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      // Rounded up: the drain never ends before its timeout.
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (operation->handle->Wait(std::max(left, std::chrono::milliseconds(0)))
               .ok() ||
