@@ -14,8 +14,10 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+// Rounded up: a wait that asks for the time left never ends before the
+// deadline.
 milliseconds Until(SteadyClock::time_point deadline) {
-  return std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(
+  return std::max(milliseconds(0), std::chrono::ceil<milliseconds>(
                                        deadline - SteadyClock::now()));
 }
 
