@@ -39,6 +39,26 @@ class PoisonState {
         what, " poisoned by ", status_.ToString(), "; build ", again));
   }
 
+  // What a host allreduce and broadcast check first: CheckUsable, then
+  // their arguments (CheckAllreduceArguments, CheckBroadcastArguments).
+  absl::Status CheckAllreduce(const void* data, size_t count,
+                              v1::DataType dtype,
+                              const CollectiveOptions& options,
+                              const std::string& on) const {
+    if (absl::Status usable = CheckUsable(options, on); !usable.ok()) {
+      return usable;
+    }
+    return CheckAllreduceArguments(data, count, dtype, options, on);
+  }
+  absl::Status CheckBroadcast(const void* data, size_t bytes, int root,
+                              int size, const CollectiveOptions& options,
+                              const std::string& on) const {
+    if (absl::Status usable = CheckUsable(options, on); !usable.ok()) {
+      return usable;
+    }
+    return CheckBroadcastArguments(data, bytes, root, size, on);
+  }
+
   // Check(), then INVALID_ARGUMENT naming `on` for a timeout that is not
   // positive: what every collective checks first.
   absl::Status CheckUsable(const CollectiveOptions& options,

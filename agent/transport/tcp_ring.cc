@@ -235,12 +235,8 @@ absl::Status TcpRing::Run(const Step& step, tcp::Clock::time_point deadline,
 
 absl::Status TcpRing::AllreduceSum(void* data, size_t count, v1::DataType dtype,
                                    const CollectiveOptions& options) {
-  if (absl::Status usable = poison_.CheckUsable(options, Describe());
-      !usable.ok()) {
-    return usable;
-  }
   if (absl::Status valid =
-          CheckAllreduceArguments(data, count, dtype, options, Describe());
+          poison_.CheckAllreduce(data, count, dtype, options, Describe());
       !valid.ok()) {
     return valid;
   }
@@ -313,20 +309,12 @@ absl::Status TcpRing::AllreduceSum(void* data, size_t count, v1::DataType dtype,
 
 absl::Status TcpRing::Broadcast(void* data, size_t bytes, int root,
                                 const CollectiveOptions& options) {
-  if (absl::Status usable = poison_.CheckUsable(options, Describe());
-      !usable.ok()) {
-    return usable;
-  }
-  if (root < 0 || root >= size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("broadcast on ", Describe(), ": root ", root,
-                     " is not a node rank (0..", size_ - 1, ")"));
+  if (absl::Status valid =
+          poison_.CheckBroadcast(data, bytes, root, size_, options, Describe());
+      !valid.ok()) {
+    return valid;
   }
   if (bytes == 0) return absl::OkStatus();
-  if (data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "broadcast of ", bytes, " bytes on ", Describe(), ": data is null"));
-  }
   if (size_ == 1) return absl::OkStatus();
   const std::string what =
       absl::StrCat("broadcast of ", bytes, " bytes from node rank ", root,

@@ -75,6 +75,20 @@ absl::Status CheckAllreduceArguments(const void* data, size_t count,
   return absl::OkStatus();
 }
 
+absl::Status CheckBroadcastArguments(const void* data, size_t bytes, int root,
+                                     int size, const std::string& on) {
+  if (root < 0 || root >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast on ", on, ": root ", root,
+                     " is not a node rank (0..", size - 1, ")"));
+  }
+  if (bytes > 0 && data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "broadcast of ", bytes, " bytes on ", on, ": data is null"));
+  }
+  return absl::OkStatus();
+}
+
 std::string DataTypeName(v1::DataType dtype) {
   const std::string& name = v1::DataType_Name(dtype);
   if (name.empty()) return absl::StrCat("data type ", static_cast<int>(dtype));

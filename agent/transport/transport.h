@@ -95,6 +95,11 @@ absl::Status CheckAllreduceArguments(const void* data, size_t count,
                                      const CollectiveOptions& options,
                                      const std::string& on);
 
+// The argument checks of every host Broadcast: INVALID_ARGUMENT naming `on`
+// for a root outside 0..size-1, or null data with bytes to send.
+absl::Status CheckBroadcastArguments(const void* data, size_t bytes, int root,
+                                     int size, const std::string& on);
+
 // "float32" for DATA_TYPE_FLOAT32, for error texts.
 std::string DataTypeName(v1::DataType dtype);
 

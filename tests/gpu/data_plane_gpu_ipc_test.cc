@@ -37,6 +37,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "agent/data_plane.h"
+#include "agent/transport/memory_key_value_store.h"
 #include "agent/transport/nccl/cuda_device_memory.h"
 #include "agent/transport/nccl/cuda_nccl_api.h"
 #include "agent/transport/nccl/local_gpus.h"
@@ -45,7 +46,6 @@
 #include "tests/gpu/gpu_test_main.h"
 #include "tests/gpu/trainer_process.h"
 #include "tests/unit/agent/transport/gloo_cluster.h"
-#include "agent/transport/memory_key_value_store.h"
 
 namespace baton::agent {
 namespace {

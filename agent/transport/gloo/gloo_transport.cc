@@ -260,12 +260,8 @@ absl::Status GlooCommunicator::Run(const std::string& what, Op&& op) {
 absl::Status GlooCommunicator::AllreduceSum(void* data, size_t count,
                                             v1::DataType dtype,
                                             const CollectiveOptions& options) {
-  if (absl::Status usable = poison_.CheckUsable(options, Describe());
-      !usable.ok()) {
-    return usable;
-  }
   if (absl::Status valid =
-          CheckAllreduceArguments(data, count, dtype, options, Describe());
+          poison_.CheckAllreduce(data, count, dtype, options, Describe());
       !valid.ok()) {
     return valid;
   }
@@ -296,20 +292,12 @@ absl::Status GlooCommunicator::AllreduceSum(void* data, size_t count,
 
 absl::Status GlooCommunicator::Broadcast(void* data, size_t bytes, int root,
                                          const CollectiveOptions& options) {
-  if (absl::Status usable = poison_.CheckUsable(options, Describe());
-      !usable.ok()) {
-    return usable;
-  }
-  if (root < 0 || root >= size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("broadcast on ", Describe(), ": root ", root,
-                     " is not a node rank (0..", size_ - 1, ")"));
+  if (absl::Status valid =
+          poison_.CheckBroadcast(data, bytes, root, size_, options, Describe());
+      !valid.ok()) {
+    return valid;
   }
   if (bytes == 0) return absl::OkStatus();
-  if (data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "broadcast of ", bytes, " bytes on ", Describe(), ": data is null"));
-  }
   const std::string what =
       absl::StrCat("broadcast of ", bytes, " bytes from node rank ", root);
   return Run(what, [&] {

@@ -5,12 +5,12 @@
 #include <memory>
 #include <vector>
 
+#include "agent/transport/memory_key_value_store.h"
 #include "agent/transport/nccl/nccl_transport.h"
 #include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/transport/fake_gpu_api.h"
-#include "agent/transport/memory_key_value_store.h"
 #include "tests/unit/agent/transport/node_threads.h"
 
 // Test helpers for the NCCL transport: N nodes as N threads of one process,

@@ -9,9 +9,9 @@
 
 #include "agent/operation.h"
 #include "agent/transport/gloo/gloo_transport.h"
+#include "agent/transport/memory_key_value_store.h"
 #include "agent/transport/tcp_transport.h"
 #include "gtest/gtest.h"
-#include "agent/transport/memory_key_value_store.h"
 #include "tests/unit/agent/transport/node_threads.h"
 
 // Test helpers for the host transports: N nodes as N threads of one

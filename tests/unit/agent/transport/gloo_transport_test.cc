@@ -69,6 +69,25 @@ class GlooCollectivesTest
   DataTransport kind() const { return std::get<0>(GetParam()); }
   int nodes() const { return std::get<1>(GetParam()); }
   Size size() const { return std::get<2>(GetParam()); }
+
+  // Node `rank`'s values, and their sum over every node.
+  std::vector<uint8_t> Values(int rank, v1::DataType dtype,
+                              size_t count) const {
+    std::vector<uint8_t> data(count * ElementSize(dtype));
+    for (size_t i = 0; i < count; ++i) {
+      WriteElement(dtype, data.data(), i, Value(rank, i, dtype));
+    }
+    return data;
+  }
+  std::vector<uint8_t> Sum(v1::DataType dtype, size_t count) const {
+    std::vector<uint8_t> sum(count * ElementSize(dtype));
+    for (size_t i = 0; i < count; ++i) {
+      int64_t total = 0;
+      for (int rank = 0; rank < nodes(); ++rank) total += Value(rank, i, dtype);
+      WriteElement(dtype, sum.data(), i, total);
+    }
+    return sum;
+  }
 };
 
 TEST_P(GlooCollectivesTest, AllreduceSumIsExactForEveryType) {
@@ -78,17 +97,9 @@ TEST_P(GlooCollectivesTest, AllreduceSumIsExactForEveryType) {
     SCOPED_TRACE(v1::DataType_Name(dtype));
     const size_t element_size = ElementSize(dtype);
     const size_t count = Elements(size(), element_size);
-    std::vector<uint8_t> expected(count * element_size);
-    for (size_t i = 0; i < count; ++i) {
-      int64_t sum = 0;
-      for (int rank = 0; rank < nodes(); ++rank) sum += Value(rank, i, dtype);
-      WriteElement(dtype, expected.data(), i, sum);
-    }
+    std::vector<uint8_t> expected = Sum(dtype, count);
     OnEveryNode(nodes(), [&](int rank) {
-      std::vector<uint8_t> data(count * element_size);
-      for (size_t i = 0; i < count; ++i) {
-        WriteElement(dtype, data.data(), i, Value(rank, i, dtype));
-      }
+      std::vector<uint8_t> data = Values(rank, dtype, count);
       const absl::Status status = cluster.communicators[rank][0]->AllreduceSum(
           data.data(), count, dtype, CollectiveOptions{kOpTimeout, 0});
       ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
@@ -108,18 +119,10 @@ TEST_P(GlooCollectivesTest, OutOfPlaceAverageLeavesTheInputAlone) {
     SCOPED_TRACE(v1::DataType_Name(dtype));
     const size_t element_size = ElementSize(dtype);
     const size_t count = Elements(size(), element_size);
-    std::vector<uint8_t> expected(count * element_size);
-    for (size_t i = 0; i < count; ++i) {
-      int64_t sum = 0;
-      for (int rank = 0; rank < nodes(); ++rank) sum += Value(rank, i, dtype);
-      WriteElement(dtype, expected.data(), i, sum);
-    }
+    std::vector<uint8_t> expected = Sum(dtype, count);
     DivideInPlace(dtype, expected.data(), count, divisor);
     OnEveryNode(nodes(), [&](int rank) {
-      std::vector<uint8_t> input(count * element_size);
-      for (size_t i = 0; i < count; ++i) {
-        WriteElement(dtype, input.data(), i, Value(rank, i, dtype));
-      }
+      std::vector<uint8_t> input = Values(rank, dtype, count);
       const std::vector<uint8_t> original = input;
       std::vector<uint8_t> output(count * element_size, 0xab);
       CollectiveOptions options{kOpTimeout, 0};
