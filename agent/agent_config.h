@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "agent/operation.h"
+#include "agent/scheduler/operation.h"
 
 namespace baton::agent {
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "agent/negotiation.h"
+#include "agent/scheduler/negotiation.h"
 #include "common/grpc_util.h"
 #include "common/log_context.h"
 #include "common/thread_name.h"
@@ -106,7 +106,6 @@ void AgentJob::Loop() {
       tasks.swap(tasks_);
     }
     for (auto& task : tasks) task();
-    RetryDeferred();
     const bool drained = DrainChannels();
     const Clock::time_point now = Clock::now();
     OnTimer(now);
@@ -142,10 +141,6 @@ bool AgentJob::DrainChannels() {
       request.set_step(entry.step);
       request.set_average((entry.flags & kChannelAverage) != 0);
       request.set_root_rank(static_cast<int32_t>(entry.value));
-      if (AwaitsOpDone(entry.index)) {
-        deferred_.emplace_back(static_cast<int32_t>(r), std::move(request));
-        continue;
-      }
       HandleEnqueue(trainer.sink.get(), request, /*via_channel=*/true);
     }
   }
@@ -526,6 +521,7 @@ void AgentJob::HandleDetach(TrainerSink* sink,
     return HandleTrainerGone(sink);
   }
   trainer.detached = true;
+  DropDeliveries(rank);
   trainer.sink->Close(absl::OkStatus());
   const bool all = std::all_of(trainers_.begin(), trainers_.end(),
                                [](const Trainer& t) { return t.detached; });
@@ -542,6 +538,7 @@ void AgentJob::HandleTrainerGone(TrainerSink* sink) {
   if (rank < 0 || state_ == State::kDone) return;
   Trainer& trainer = trainers_[rank];
   trainer.detached = true;
+  DropDeliveries(rank);
   const std::string reason = absl::StrCat(
       "trainer local rank ", rank, " (pid ", trainer.pid, ") of job \"", name_,
       "\" on node ", config_.node_name, " disconnected");
@@ -613,7 +610,7 @@ void AgentJob::SampleMetrics() {
   }
   env_.metrics->SetTrainersAttached(trainers);
   if (data_plane_) {
-    const DataPlane::Stats stats = data_plane_->stats();
+    const Scheduler::Stats stats = data_plane_->stats();
     env_.metrics->SetDataPlane(stats.queue_depth, stats.bytes_in_flight);
   } else {
     env_.metrics->SetDataPlane(0, 0);

@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "agent/agent_config.h"
 #include "agent/agent_metrics.h"
-#include "agent/data_plane.h"
+#include "agent/scheduler/scheduler.h"
 #include "agent/links.h"
 #include "agent/local_tensor.h"
 #include "agent/timeline_recorder.h"
@@ -154,7 +154,7 @@ class AgentJob {
     // Completed with the plan's fields when submitted; not changed after.
     std::shared_ptr<Operation> op;
     // Submitted to this data plane (nullptr: waiting for one).
-    DataPlane* data_plane = nullptr;
+    Scheduler* data_plane = nullptr;
     // The trainers were told it failed while a data plane still held it: the
     // record stays, as a lease on the tensor's buffers, until op_done.
     bool notified = false;
@@ -191,34 +191,35 @@ class AgentJob {
   void MakeReady(PendingOp& pending);
   void TrySubmit(PendingOp& pending);
   void SubmitWaiting();
-  // Records who hears of `pending`'s success from the data plane's thread.
+  // Records whom to tell of `pending`'s outcome: every local rank that
+  // enqueued it, over its channel or its stream.
   void PrepareDelivery(const PendingOp& pending);
-  // Takes `id`'s delivery record; false when it is gone (op_done delivered
-  // the completions already, or there was none).
+  // Takes `id`'s delivery record; false when it is gone (OpDone told the
+  // trainers of a success already, or there was none).
   bool TakeDelivery(uint64_t id);
-  // DataPlane::Callbacks::op_done, on a data-plane thread: delivers a
-  // success to the channel ranks at once, then hands the rest to the job
-  // thread (OnOpDone).
-  void DeliverDone(uint64_t id, absl::Status status);
-  // A channel enqueue of tensor `index` must wait: the tensor's operation
-  // was delivered by DeliverDone and its OnOpDone has not run yet (the
-  // trainer heard of the completion before the job thread).
-  bool AwaitsOpDone(int32_t index);
-  // Handles the enqueues deferred for that reason whose OnOpDone ran.
-  void RetryDeferred();
-  // `missed`: channel ranks whose ring was full when DeliverDone delivered
-  // the success; they hear of it over the stream.
-  void OnOpDone(uint64_t id, absl::Status status,
-                std::vector<int32_t> missed = {});
-  // Tells the trainers the outcome and forgets the operation. A success
-  // reached the channel ranks through DeliverDone, except `missed`.
+  // Local rank `rank` detached or is gone: it is told nothing more.
+  void DropDeliveries(int32_t rank);
+  // Scheduler::Callbacks::op_done, on a data-plane thread: the one path by
+  // which a submitted operation ends. A success frees the tensor for its
+  // next step (finished_) and tells the trainers at once, one thread
+  // hand-over sooner than through the job thread; the job thread then
+  // retires the record (OnOpDone). A failure goes to the job thread, which
+  // knows why (a lost node, a held failure) and tells them (FinishOp).
+  void OpDone(uint64_t id, absl::Status status);
+  // If the operation of tensor `index` ended in OpDone and its OnOpDone has
+  // not run yet, retires it now, so that the next step's enqueue finds the
+  // tensor free.
+  void RetireFinished(int32_t index);
+  void OnOpDone(uint64_t id, absl::Status status);
+  // Tells the trainers the outcome and forgets the operation (a success:
+  // OpDone told them; only the bookkeeping is left). `ended`: when it
+  // ended, for its latency.
   void FinishOp(PendingOp& pending, const absl::Status& status,
-                const std::vector<int32_t>& missed = {});
+                Clock::time_point ended = Clock::now());
   // Fails it now even if a data plane still holds its buffers (then the
   // tensor stays leased until that data plane lets go).
   void FailNow(PendingOp& pending, const absl::Status& status);
-  void Notify(PendingOp& pending, const absl::Status& status,
-              const std::vector<int32_t>& missed = {});
+  void Notify(PendingOp& pending, const absl::Status& status);
   void FailOp(int32_t rank, const v1::EnqueueRequest& request,
               const absl::Status& status);
   int32_t RankOf(const TrainerSink* sink) const;
@@ -243,7 +244,7 @@ class AgentJob {
   absl::StatusOr<int> AgreeOnChannels(const ConnectRequest& request) const;
   void OnDataPlaneConnected(int64_t generation,
                             absl::StatusOr<DataConnections> connections);
-  void OnDataPlaneStopped(DataPlane* plane, absl::Status status);
+  void OnDataPlaneStopped(Scheduler* plane, absl::Status status);
   // Connects the CUDA tensors' communicators of this generation once the
   // plan has a CUDA tensor (every node sees the same plan, so every node
   // connects them); on a connector thread.
@@ -309,35 +310,34 @@ class AgentJob {
   // Per tensor: a failed operation still inside an old data plane (0: none);
   // the tensor's next operation waits for it.
   std::vector<uint64_t> lease_of_tensor_;
-  std::unique_ptr<DataPlane> data_plane_;
-  // Successful operations reach the trainers that enqueued them through
-  // their channel from the thread the data plane reports them on, one
-  // thread hand-over sooner than through the job thread. Per submitted
-  // operation: those ranks' rings. Taken by the first of DeliverDone (a
-  // success) and FailNow; OnOpDone drops what is left.
+  std::unique_ptr<Scheduler> data_plane_;
+  // Whom to tell of a submitted operation's outcome. Taken once: by OpDone
+  // on a success, by the job thread on a failure (FailNow, Notify).
   struct Delivery {
     struct Target {
       int32_t rank = 0;
+      std::shared_ptr<TrainerSink> sink;
+      // Enqueued over the trainer's channel: completed there (the stream
+      // when its ring is full).
       std::shared_ptr<ChannelMapping> mapping;
-      ChannelEntry entry = {};
     };
     std::vector<Target> targets;
+    ChannelEntry entry = {};
+    v1::TrainerEvent completion;
   };
   std::mutex deliveries_mu_;
   absl::flat_hash_map<uint64_t, Delivery> deliveries_
       ABSL_GUARDED_BY(deliveries_mu_);
-  // Delivered by DeliverDone, OnOpDone not run yet.
-  absl::flat_hash_set<uint64_t> delivered_ ABSL_GUARDED_BY(deliveries_mu_);
-  // Channel enqueues of a tensor whose previous operation is in delivered_
-  // (local rank, request), handled once its OnOpDone ran.
-  std::vector<std::pair<int32_t, v1::EnqueueRequest>> deferred_;
+  // Told of a success by OpDone, OnOpDone not run yet: when they finished.
+  absl::flat_hash_map<uint64_t, Clock::time_point> finished_
+      ABSL_GUARDED_BY(deliveries_mu_);
   // The generation whose device group is connecting or attached (-1: none),
   // and why connecting it failed (CUDA operations of that generation fail
   // with it).
   int64_t devices_generation_ = -1;
   std::optional<absl::Status> devices_failed_;
   // Data planes of aborted generations, until their threads exit.
-  std::vector<std::unique_ptr<DataPlane>> retired_;
+  std::vector<std::unique_ptr<Scheduler>> retired_;
   // Generation aborted by the coordinator -> the status its operations fail
   // with (names the lost node).
   absl::flat_hash_map<int64_t, absl::Status> aborted_;

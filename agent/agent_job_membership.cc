@@ -397,7 +397,7 @@ void AgentJob::OnDataPlaneConnected(int64_t generation,
                                   generation, ": ", comms.status().message())));
     return;
   }
-  DataPlaneOptions options;
+  SchedulerOptions options;
   options.job = name_;
   options.generation = generation;
   options.node_rank = node_rank_;
@@ -412,17 +412,17 @@ void AgentJob::OnDataPlaneConnected(int64_t generation,
   for (const v1::NodeInfo& node : membership_->nodes()) {
     options.node_names.push_back(node.node_name());
   }
-  DataPlane::Callbacks callbacks;
+  Scheduler::Callbacks callbacks;
   callbacks.op_done = [this](uint64_t id, absl::Status status) {
-    DeliverDone(id, std::move(status));
+    OpDone(id, std::move(status));
   };
-  auto plane_ptr = std::make_shared<DataPlane*>(nullptr);
+  auto plane_ptr = std::make_shared<Scheduler*>(nullptr);
   callbacks.stopped = [this, plane_ptr](absl::Status status) {
     Post([this, plane_ptr, status = std::move(status)] {
       OnDataPlaneStopped(*plane_ptr, status);
     });
   };
-  data_plane_ = std::make_unique<DataPlane>(
+  data_plane_ = std::make_unique<Scheduler>(
       std::move(options), std::move(comms->negotiation), std::move(comms->data),
       std::move(callbacks));
   *plane_ptr = data_plane_.get();
@@ -534,7 +534,7 @@ void AgentJob::OnDevicesConnected(int64_t generation,
   SubmitWaiting();
 }
 
-void AgentJob::OnDataPlaneStopped(DataPlane* plane, absl::Status status) {
+void AgentJob::OnDataPlaneStopped(Scheduler* plane, absl::Status status) {
   if (plane != nullptr && plane != data_plane_.get()) return;  // retired
   if (state_ != State::kRunning) return;
   LOG(WARNING) << JobLogPrefix() << "data plane stopped: " << status.message();
@@ -622,7 +622,7 @@ void AgentJob::SendReport() {
   stats->set_scheduling(SchedulingModeName(mode_));
   stats->set_credit_bytes(config_.credit_bytes);
   if (data_plane_) {
-    const DataPlane::Stats s = data_plane_->stats();
+    const Scheduler::Stats s = data_plane_->stats();
     stats->set_queue_depth(s.queue_depth);
     stats->set_bytes_in_flight(s.bytes_in_flight);
     const double seconds =
@@ -682,7 +682,7 @@ void AgentJob::OnTimer(Clock::time_point now) {
   }
   // Retired data planes whose threads exited can go.
   retired_.erase(std::remove_if(retired_.begin(), retired_.end(),
-                                [](const std::unique_ptr<DataPlane>& p) {
+                                [](const std::unique_ptr<Scheduler>& p) {
                                   return p->finished();
                                 }),
                  retired_.end());

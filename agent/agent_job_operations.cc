@@ -1,13 +1,14 @@
 // Operations: validating enqueues, building, submitting and finishing them.
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/agent_job.h"
-#include "agent/negotiation.h"
+#include "agent/scheduler/negotiation.h"
 #include "glog/logging.h"
 
 namespace baton::agent {
@@ -129,6 +130,9 @@ void AgentJob::HandleEnqueue(TrainerSink* sink,
                                    "enqueue after `attached`")));
   }
   if (data_plane_stopped_) return FailOp(rank, request, *data_plane_stopped_);
+  // The trainer may have heard of the previous step's success before this
+  // thread did.
+  RetireFinished(request.index());
   absl::Status status = ValidateEnqueue(rank, request);
   if (!status.ok()) return FailOp(rank, request, status);
   LocalTensor& tensor = *tensors_[request.index()];
@@ -285,14 +289,20 @@ void AgentJob::PrepareDelivery(const PendingOp& pending) {
   Delivery delivery;
   for (size_t r = 0; r < pending.ranks.size(); ++r) {
     const Trainer& trainer = trainers_[r];
-    if (!pending.ranks[r].present || !pending.ranks[r].via_channel ||
-        trainer.mapping == nullptr || !trainer.sink || trainer.detached) {
+    if (!pending.ranks[r].present || !trainer.sink || trainer.detached) {
       continue;
     }
     delivery.targets.push_back(
-        {static_cast<int32_t>(r), trainer.mapping,
-         ChannelEntry{pending.index, 0, pending.step, pending.generation, 0}});
+        {static_cast<int32_t>(r), trainer.sink,
+         pending.ranks[r].via_channel ? trainer.mapping : nullptr});
   }
+  delivery.entry =
+      ChannelEntry{pending.index, 0, pending.step, pending.generation, 0};
+  v1::Completion* c = delivery.completion.mutable_completion();
+  c->set_index(pending.index);
+  c->set_tensor(tensors_[pending.index]->spec.name());
+  c->set_step(pending.step);
+  c->set_generation(pending.generation);
   std::lock_guard<std::mutex> lock(deliveries_mu_);
   deliveries_[pending.id] = std::move(delivery);
 }
@@ -302,17 +312,19 @@ bool AgentJob::TakeDelivery(uint64_t id) {
   return deliveries_.erase(id) > 0;
 }
 
-bool AgentJob::AwaitsOpDone(int32_t index) {
-  if (index < 0 || static_cast<size_t>(index) >= op_of_tensor_.size() ||
-      op_of_tensor_[index] == 0) {
-    return false;
-  }
+void AgentJob::DropDeliveries(int32_t rank) {
   std::lock_guard<std::mutex> lock(deliveries_mu_);
-  return delivered_.contains(op_of_tensor_[index]);
+  for (auto& [id, delivery] : deliveries_) {
+    auto& targets = delivery.targets;
+    targets.erase(std::remove_if(targets.begin(), targets.end(),
+                                 [rank](const Delivery::Target& t) {
+                                   return t.rank == rank;
+                                 }),
+                  targets.end());
+  }
 }
 
-void AgentJob::DeliverDone(uint64_t id, absl::Status status) {
-  std::vector<int32_t> missed;
+void AgentJob::OpDone(uint64_t id, absl::Status status) {
   if (status.ok()) {
     Delivery delivery;
     {
@@ -322,35 +334,34 @@ void AgentJob::DeliverDone(uint64_t id, absl::Status status) {
         delivery = std::move(it->second);
         deliveries_.erase(it);
         // Before the trainers can hear of it: their next enqueue of this
-        // tensor waits for OnOpDone.
-        delivered_.insert(id);
+        // tensor finds it free (RetireFinished).
+        finished_[id] = Clock::now();
       }
     }
     for (const Delivery::Target& target : delivery.targets) {
-      if (!target.mapping->Complete(target.entry)) {
-        missed.push_back(target.rank);
+      if (target.mapping == nullptr ||
+          !target.mapping->Complete(delivery.entry)) {
+        // A stream rank, or a full ring: the stream carries it.
+        target.sink->Send(delivery.completion);
       }
     }
   }
-  Post([this, id, status = std::move(status),
-        missed = std::move(missed)]() mutable {
-    OnOpDone(id, std::move(status), std::move(missed));
+  Post([this, id, status = std::move(status)]() mutable {
+    OnOpDone(id, std::move(status));
   });
 }
 
-void AgentJob::RetryDeferred() {
-  if (deferred_.empty()) return;
-  std::vector<std::pair<int32_t, v1::EnqueueRequest>> deferred;
-  deferred.swap(deferred_);
-  for (auto& [rank, request] : deferred) {
-    if (AwaitsOpDone(request.index())) {
-      deferred_.emplace_back(rank, std::move(request));
-      continue;
-    }
-    const Trainer& trainer = trainers_[rank];
-    if (!trainer.sink || trainer.detached) continue;
-    HandleEnqueue(trainer.sink.get(), request, /*via_channel=*/true);
+void AgentJob::RetireFinished(int32_t index) {
+  if (index < 0 || static_cast<size_t>(index) >= op_of_tensor_.size() ||
+      op_of_tensor_[index] == 0) {
+    return;
   }
+  const uint64_t id = op_of_tensor_[index];
+  {
+    std::lock_guard<std::mutex> lock(deliveries_mu_);
+    if (!finished_.contains(id)) return;
+  }
+  OnOpDone(id, absl::OkStatus());
 }
 
 void AgentJob::SubmitWaiting() {
@@ -366,16 +377,19 @@ void AgentJob::SubmitWaiting() {
   }
 }
 
-void AgentJob::OnOpDone(uint64_t id, absl::Status status,
-                        std::vector<int32_t> missed) {
+void AgentJob::OnOpDone(uint64_t id, absl::Status status) {
+  std::optional<Clock::time_point> finished;
   {
-    // A failure leaves its record; a success was delivered.
     std::lock_guard<std::mutex> lock(deliveries_mu_);
-    deliveries_.erase(id);
-    delivered_.erase(id);
+    // A failure leaves its delivery record: FinishOp takes it.
+    auto it = finished_.find(id);
+    if (it != finished_.end()) {
+      finished = it->second;
+      finished_.erase(it);
+    }
   }
   auto it = ops_.find(id);
-  if (it == ops_.end()) return;
+  if (it == ops_.end()) return;  // retired already (RetireFinished)
   PendingOp& pending = it->second;
   if (pending.notified) {
     // Its trainers already know; the buffers are free again.
@@ -396,22 +410,19 @@ void AgentJob::OnOpDone(uint64_t id, absl::Status status,
       return;
     }
   }
-  FinishOp(pending, status, missed);
+  // A success's latency ends when OpDone told the trainers.
+  FinishOp(pending, status, finished.value_or(Clock::now()));
 }
 
-void AgentJob::Notify(PendingOp& pending, const absl::Status& status,
-                      const std::vector<int32_t>& missed) {
+void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
   const LocalTensor& tensor = *tensors_[pending.index];
-  v1::TrainerEvent event;
-  if (status.ok()) {
-    v1::Completion* c = event.mutable_completion();
-    c->set_index(pending.index);
-    c->set_tensor(tensor.spec.name());
-    c->set_step(pending.step);
-    c->set_generation(pending.generation);
-  } else {
+  std::optional<v1::TrainerEvent> event;
+  if (!status.ok()) {
+    // Whoever takes the delivery record tells the trainers; OpDone did not.
+    TakeDelivery(pending.id);
     env_.metrics->OperationFailed();
-    v1::OperationFailed* f = event.mutable_failed();
+    event.emplace();
+    v1::OperationFailed* f = event->mutable_failed();
     f->set_index(pending.index);
     f->set_tensor(tensor.spec.name());
     f->set_step(pending.step);
@@ -425,23 +436,13 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status,
     if (!pending.ranks[r].present) continue;
     Trainer& trainer = trainers_[r];
     if (status.ok()) {
+      // OpDone told it (a success reaches the trainers only that way).
       trainer.completed_step = std::max(trainer.completed_step, pending.step);
-    } else {
-      // A failed step may be enqueued again (a retry after re-syncing).
-      leased.last_step[r] = std::min(leased.last_step[r], pending.step - 1);
-    }
-    if (!trainer.sink || trainer.detached) continue;
-    // DeliverDone told a channel rank of a success, unless its ring was
-    // full (every success comes through it: no other path completes an
-    // operation successfully).
-    if (status.ok() && pending.ranks[r].via_channel &&
-        trainer.mapping != nullptr &&
-        std::find(missed.begin(), missed.end(), static_cast<int32_t>(r)) ==
-            missed.end()) {
       continue;
     }
-    // Failures carry text, and a full ring falls back to the stream.
-    trainer.sink->Send(event);
+    // A failed step may be enqueued again (a retry after re-syncing).
+    leased.last_step[r] = std::min(leased.last_step[r], pending.step - 1);
+    if (trainer.sink && !trainer.detached) trainer.sink->Send(*event);
   }
   if (op_of_tensor_[pending.index] == pending.id) {
     op_of_tensor_[pending.index] = 0;
@@ -449,10 +450,10 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status,
 }
 
 void AgentJob::FinishOp(PendingOp& pending, const absl::Status& status,
-                        const std::vector<int32_t>& missed) {
+                        Clock::time_point ended) {
   const LocalTensor& tensor = *tensors_[pending.index];
   if (status.ok() && tensor.tensor_id >= 0) {
-    const Clock::duration latency = Clock::now() - pending.first_enqueued;
+    const Clock::duration latency = ended - pending.first_enqueued;
     env_.metrics->OperationCompleted(tensor.spec.name(), latency,
                                      tensor.size_bytes);
     const int64_t us =
@@ -462,7 +463,7 @@ void AgentJob::FinishOp(PendingOp& pending, const absl::Status& status,
     l.total_us += us;
     l.max_us = std::max(l.max_us, us);
   }
-  Notify(pending, status, missed);
+  Notify(pending, status);
   ops_.erase(pending.id);
 }
 

@@ -9,7 +9,7 @@
 //   events and NCCL's error state polled, timeout armed);
 // - direct: a group call on communicators of its own, NCCL's state polled
 //   until the work is launched, then cudaStreamSynchronize on every stream;
-// - data plane: one push_pull submitted to the agent's DataPlane of a
+// - data plane: one push_pull submitted to the agent's Scheduler of a
 //   one-node job with --gpu_cross_node=nccl, until its op_done: the
 //   scheduler's rounds, credit and partitioning (--partition_bytes), and
 //   one DeviceAllreduce per partition on the device worker.
@@ -33,8 +33,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "agent/data_plane.h"
-#include "agent/operation.h"
+#include "agent/scheduler/scheduler.h"
+#include "agent/scheduler/operation.h"
 #include "agent/transport/gloo/gloo_transport.h"
 #include "agent/transport/nccl/cuda_nccl_api.h"
 #include "agent/transport/nccl/local_gpus.h"
@@ -149,7 +149,7 @@ class DirectAllreduce {
   std::vector<NcclLocalRank> ranks_;
 };
 
-// The agent's path: the DataPlane of a one-node job over every local GPU,
+// The agent's path: the Scheduler of a one-node job over every local GPU,
 // as baton-agent builds it with --gpu_cross_node=nccl: the negotiation's
 // connections and one gloo data channel on loopback (one node negotiates
 // with nobody), and a DeviceGroup whose NCCL group
@@ -182,13 +182,13 @@ class DataPlaneAllreduce {
         gloo_->Connect(request);
     if (!host.ok()) return host.status();
 
-    DataPlaneOptions options;
+    SchedulerOptions options;
     options.job = "baton-gpu-bench";
     options.generation = 1;
     options.world_size = (*device)[0]->world_size();
     options.credit_bytes = FLAGS_credit_bytes;
     options.op_timeout = timeout;
-    DataPlane::Callbacks callbacks;
+    Scheduler::Callbacks callbacks;
     callbacks.op_done = [this](uint64_t id, absl::Status status) {
       absl::MutexLock lock(&mu_);
       done_id_ = id;
@@ -199,7 +199,7 @@ class DataPlaneAllreduce {
     DeviceGroup group;
     group.cross_node = GpuCrossNode::kNccl;
     group.comm = std::move((*device)[0]);
-    plane_ = std::make_unique<DataPlane>(options, std::move(*negotiation),
+    plane_ = std::make_unique<Scheduler>(options, std::move(*negotiation),
                                          std::move(data), callbacks,
                                          std::move(group));
     plane_->SetKnownTensors(1);
@@ -246,7 +246,7 @@ class DataPlaneAllreduce {
   int64_t steps_ = 0;
   // Last: destroyed first, while its callback's mutex and the gloo
   // transport under its communicators are still there.
-  std::unique_ptr<DataPlane> plane_;
+  std::unique_ptr<Scheduler> plane_;
 };
 
 struct Timings {

@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "agent/transport/negotiation_wire.h"
+#include "agent/scheduler/negotiation_wire.h"
 #include "agent/transport/poison_state.h"
 #include "agent/transport/transport.h"
 

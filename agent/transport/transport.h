@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "agent/transport/collective_options.h"
 #include "agent/transport/key_value_store.h"
-#include "agent/transport/negotiation_wire.h"
+#include "agent/scheduler/negotiation_wire.h"
 #include "baton/v1/common.pb.h"
 
 namespace baton::agent {

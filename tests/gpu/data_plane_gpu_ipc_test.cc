@@ -2,7 +2,7 @@
 // processes: each trainer (ipc_trainer.h) holds two float32 tensors in
 // one cudaMalloc allocation on device 0 and an interprocess ready event,
 // and hands their CUDA IPC handles over a pipe; the agents open them
-// (CreateCudaDeviceMemory), run push-pull and broadcast through DataPlane
+// (CreateCudaDeviceMemory), run push-pull and broadcast through Scheduler
 // with real gloo on loopback and the real NCCL transport, and each trainer
 // checks the result in its own memory. Expected results are exact
 // (integer-valued floats).
@@ -36,7 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "agent/data_plane.h"
+#include "agent/scheduler/scheduler.h"
 #include "agent/transport/memory_key_value_store.h"
 #include "agent/transport/nccl/cuda_device_memory.h"
 #include "agent/transport/nccl/cuda_nccl_api.h"
@@ -86,7 +86,7 @@ struct Agent {
   std::unique_ptr<DeviceEvent> ready;
   // The hierarchical path's host stage, by tensor.
   std::vector<std::vector<uint8_t>> stages;
-  std::unique_ptr<DataPlane> plane;
+  std::unique_ptr<Scheduler> plane;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -184,7 +184,7 @@ class DataPlaneIpcTest : public ::testing::Test {
     }
     for (int a = 0; a < agents; ++a) {
       Agent* agent = agents_[a].get();
-      DataPlaneOptions options;
+      SchedulerOptions options;
       options.job = "gpu-ipc";
       options.generation = 1;
       options.node_rank = a;
@@ -192,7 +192,7 @@ class DataPlaneIpcTest : public ::testing::Test {
       options.world_size = agents;  // one trainer (GPU) per agent
       options.credit_bytes = 2 * kPartitionBytes;
       options.op_timeout = kOpTimeout;
-      DataPlane::Callbacks callbacks;
+      Scheduler::Callbacks callbacks;
       callbacks.op_done = [agent](uint64_t id, absl::Status status) {
         std::lock_guard<std::mutex> lock(agent->mu);
         agent->done[id] = status;
@@ -210,7 +210,7 @@ class DataPlaneIpcTest : public ::testing::Test {
       group.comm = std::move(device_comms[a]);
       group.memory = agent->memory.get();
       if (staged) group.host = std::move(comms[1]);
-      agent->plane = std::make_unique<DataPlane>(
+      agent->plane = std::make_unique<Scheduler>(
           options, std::move(gloo_->negotiations[a]), std::move(data),
           callbacks, std::move(group));
       agent->plane->SetKnownTensors(kTensors * 3);

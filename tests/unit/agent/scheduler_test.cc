@@ -13,9 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "agent/data_plane.h"
-#include "agent/launch_queue.h"
-#include "agent/negotiation.h"
+#include "agent/scheduler/scheduler.h"
+#include "agent/scheduler/launch_queue.h"
+#include "agent/scheduler/negotiation.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/fake_negotiation.h"
@@ -201,7 +201,7 @@ TEST(FuseSmallTensorsTest, FusesRunsOfSmallWholeTensorsAlike) {
 struct Node {
   // Declared before the plane, which records into it.
   TimelineRecorder timeline{1000};
-  std::unique_ptr<DataPlane> plane;
+  std::unique_ptr<Scheduler> plane;
   std::FILE* trace = nullptr;
   std::mutex mu;
   std::map<uint64_t, absl::Status> done;
@@ -231,11 +231,11 @@ struct Node {
 // The data plane's tests run twice: the negotiation over real TCP
 // (TcpRounds) and over an in-process fake of NegotiationWire, with the data
 // over TCP rings.
-class DataPlaneTest : public ::testing::TestWithParam<bool> {
+class SchedulerTest : public ::testing::TestWithParam<bool> {
  protected:
   bool fake_negotiation() const { return GetParam(); }
 
-  void Start(int nodes, DataPlaneOptions base) {
+  void Start(int nodes, SchedulerOptions base) {
     cluster_ = std::make_unique<Cluster>(nodes, DataTransport::kTcp);
     if (fake_negotiation()) {
       auto hub = std::make_shared<FakeNegotiationHub>(nodes);
@@ -250,14 +250,14 @@ class DataPlaneTest : public ::testing::TestWithParam<bool> {
     for (int rank = 0; rank < nodes; ++rank) {
       auto node = std::make_unique<Node>();
       node->trace = std::tmpfile();
-      DataPlaneOptions options = base;
+      SchedulerOptions options = base;
       options.node_rank = rank;
       options.num_nodes = nodes;
       options.world_size = nodes;
       options.launch_trace = node->trace;
       options.timeline = &node->timeline;
       Node* n = node.get();
-      DataPlane::Callbacks callbacks;
+      Scheduler::Callbacks callbacks;
       callbacks.op_done = [n](uint64_t id, absl::Status status) {
         std::lock_guard<std::mutex> lock(n->mu);
         n->done[id] = status;
@@ -272,7 +272,7 @@ class DataPlaneTest : public ::testing::TestWithParam<bool> {
       std::vector<std::unique_ptr<Communicator>> data;
       data.push_back(std::move(comms[0]));
       data.push_back(std::move(comms[1]));
-      node->plane = std::make_unique<DataPlane>(options, std::move(negotiation),
+      node->plane = std::make_unique<Scheduler>(options, std::move(negotiation),
                                                 std::move(data), callbacks);
       nodes_.push_back(std::move(node));
     }
@@ -315,8 +315,8 @@ class DataPlaneTest : public ::testing::TestWithParam<bool> {
   std::mutex buffers_mu_;
 };
 
-TEST_P(DataPlaneTest, RandomSubmissionOrderGivesOneLaunchOrderAndRightSums) {
-  DataPlaneOptions options;
+TEST_P(SchedulerTest, RandomSubmissionOrderGivesOneLaunchOrderAndRightSums) {
+  SchedulerOptions options;
   options.credit_bytes = 8192;
   Start(3, options);
   constexpr int kTensors = 12;
@@ -408,8 +408,8 @@ TEST(TimelineRecorderTest, KeepsTheNewestRecordsAndSaysWhenItDropped) {
 
 // Small tensors agreed in one round fuse into launches of one collective
 // each, alike on every node, and every tensor still gets its own sum.
-TEST_P(DataPlaneTest, SmallTensorsAgreedTogetherFuseIntoOneCollective) {
-  Start(3, DataPlaneOptions());
+TEST_P(SchedulerTest, SmallTensorsAgreedTogetherFuseIntoOneCollective) {
+  Start(3, SchedulerOptions());
   constexpr int kTensors = 20;
   // Nothing is agreed before the plan covers the tensors: all of them are
   // submitted first, then agreed in one round.
@@ -454,8 +454,8 @@ TEST_P(DataPlaneTest, SmallTensorsAgreedTogetherFuseIntoOneCollective) {
   EXPECT_EQ(launches[2], launches[0]);
 }
 
-TEST_P(DataPlaneTest, MismatchedStepsFailOnEveryNodeAndOthersGoOn) {
-  Start(2, DataPlaneOptions());
+TEST_P(SchedulerTest, MismatchedStepsFailOnEveryNodeAndOthersGoOn) {
+  Start(2, SchedulerOptions());
   for (auto& node : nodes_) node->plane->SetKnownTensors(2);
   nodes_[0]->plane->Submit(SumOp(0, 0, 0, 4, 16, 0));
   nodes_[1]->plane->Submit(SumOp(1, 0, 0, 5, 16, 0));
@@ -472,8 +472,8 @@ TEST_P(DataPlaneTest, MismatchedStepsFailOnEveryNodeAndOthersGoOn) {
 
 // Nobody polls: idle nodes run no rounds at all, and a node whose operation
 // arrives last starts the round that agrees it (the others wait for it).
-TEST_P(DataPlaneTest, IdleNodesRunNoRoundsAndTheLastSubmitterStartsOne) {
-  Start(3, DataPlaneOptions());
+TEST_P(SchedulerTest, IdleNodesRunNoRoundsAndTheLastSubmitterStartsOne) {
+  Start(3, SchedulerOptions());
   for (auto& node : nodes_) node->plane->SetKnownTensors(1);
   const auto rounds = [&](int rank) {
     return nodes_[rank]->plane->stats().rounds;
@@ -514,8 +514,8 @@ TEST_P(DataPlaneTest, IdleNodesRunNoRoundsAndTheLastSubmitterStartsOne) {
   }
 }
 
-TEST_P(DataPlaneTest, AbortFailsWhatIsPendingWithTheGivenStatus) {
-  Start(2, DataPlaneOptions());
+TEST_P(SchedulerTest, AbortFailsWhatIsPendingWithTheGivenStatus) {
+  Start(2, SchedulerOptions());
   for (auto& node : nodes_) node->plane->SetKnownTensors(1);
   // Only node 0 submits: the operation can never be agreed.
   nodes_[0]->plane->Submit(SumOp(0, 0, 0, 0, 16, 0));
@@ -528,8 +528,8 @@ TEST_P(DataPlaneTest, AbortFailsWhatIsPendingWithTheGivenStatus) {
   EXPECT_EQ(nodes_[0]->WaitDone(2).code(), absl::StatusCode::kAborted);
 }
 
-TEST_P(DataPlaneTest, ALeavingNodeStopsEveryNodeAfterTheSameRound) {
-  Start(2, DataPlaneOptions());
+TEST_P(SchedulerTest, ALeavingNodeStopsEveryNodeAfterTheSameRound) {
+  Start(2, SchedulerOptions());
   for (auto& node : nodes_) node->plane->SetKnownTensors(1);
   nodes_[1]->plane->Submit(SumOp(1, 0, 0, 0, 16, 0));
   nodes_[0]->plane->Leave();
@@ -545,7 +545,7 @@ TEST_P(DataPlaneTest, ALeavingNodeStopsEveryNodeAfterTheSameRound) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Negotiation, DataPlaneTest, ::testing::Bool(),
+INSTANTIATE_TEST_SUITE_P(Negotiation, SchedulerTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Fake" : "Tcp";
                          });

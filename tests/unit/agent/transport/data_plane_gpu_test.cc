@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "agent/data_plane.h"
+#include "agent/scheduler/scheduler.h"
 #include "agent/transport/nccl/cuda_device_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -44,7 +44,7 @@ struct GpuNode {
   std::vector<std::shared_ptr<DeviceBuffer>> buffers;
   std::vector<std::unique_ptr<DeviceEvent>> ready;
   std::vector<uint8_t> stage;
-  std::unique_ptr<DataPlane> plane;
+  std::unique_ptr<Scheduler> plane;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -138,7 +138,7 @@ class DataPlaneGpuTest : public ::testing::Test {
     std::vector<DeviceGroup> groups(nodes);
     for (int n = 0; n < nodes; ++n) {
       GpuNode* node = nodes_[n].get();
-      DataPlaneOptions options;
+      SchedulerOptions options;
       options.job = "gpu";
       options.generation = 1;
       options.node_rank = n;
@@ -146,7 +146,7 @@ class DataPlaneGpuTest : public ::testing::Test {
       options.world_size = nodes * devices;
       options.credit_bytes = 16 << 10;
       options.op_timeout = op_timeout;
-      DataPlane::Callbacks callbacks;
+      Scheduler::Callbacks callbacks;
       callbacks.op_done = [node](uint64_t id, absl::Status status) {
         std::lock_guard<std::mutex> lock(node->mu);
         node->done[id] = status;
@@ -167,7 +167,7 @@ class DataPlaneGpuTest : public ::testing::Test {
         groups[n] = std::move(group);
         group = DeviceGroup{};
       }
-      node->plane = std::make_unique<DataPlane>(
+      node->plane = std::make_unique<Scheduler>(
           options, std::move(gloo_->negotiations[n]), std::move(data),
           callbacks, std::move(group));
       node->plane->SetKnownTensors(8);
@@ -441,13 +441,13 @@ TEST_F(DataPlaneGpuTest, CudaTensorWithoutGpuCommunicatorsFails) {
   Cluster gloo(1);
   ASSERT_TRUE(gloo.ConnectNegotiation());
   ASSERT_TRUE(gloo.Connect(1));
-  DataPlaneOptions options;
+  SchedulerOptions options;
   options.job = "cpu";
   std::mutex mu;
   std::condition_variable cv;
   absl::Status result;
   bool done = false;
-  DataPlane::Callbacks callbacks;
+  Scheduler::Callbacks callbacks;
   callbacks.op_done = [&](uint64_t, absl::Status status) {
     std::lock_guard<std::mutex> lock(mu);
     result = status;
@@ -456,7 +456,7 @@ TEST_F(DataPlaneGpuTest, CudaTensorWithoutGpuCommunicatorsFails) {
   };
   std::vector<std::unique_ptr<Communicator>> data;
   data.push_back(std::move(gloo.communicators[0][0]));
-  DataPlane plane(options, std::move(gloo.negotiations[0]), std::move(data),
+  Scheduler plane(options, std::move(gloo.negotiations[0]), std::move(data),
                   callbacks);
   EXPECT_FALSE(plane.has_devices());
   auto op = std::make_shared<Operation>();

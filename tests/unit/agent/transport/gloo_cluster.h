@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "agent/operation.h"
+#include "agent/scheduler/operation.h"
 #include "agent/transport/gloo/gloo_transport.h"
 #include "agent/transport/memory_key_value_store.h"
 #include "agent/transport/tcp_transport.h"

@@ -6,7 +6,7 @@
 #include <tuple>
 #include <vector>
 
-#include "agent/operation.h"
+#include "agent/scheduler/operation.h"
 
 namespace baton::agent {
 
@@ -17,9 +17,12 @@ struct PartitionTask {
   int64_t offset = 0;
   int64_t length = 0;
   // Set at launch, for the timeline: the launch sequence number, the
-  // communicator it went to and when (unix microseconds).
+  // communicator it went to, and when (unix microseconds) the operation was
+  // submitted, agreed and this partition launched.
   uint64_t seq = 0;
   int32_t channel = -1;
+  int64_t submitted_us = 0;
+  int64_t agreed_us = 0;
   int64_t launched_us = 0;
 };
 

@@ -1,4 +1,4 @@
-#include "agent/negotiation.h"
+#include "agent/scheduler/negotiation.h"
 
 #include <algorithm>
 
@@ -28,10 +28,6 @@ enum Header : size_t {
 constexpr size_t kWordsPerTensor = 3;
 
 }  // namespace
-
-const char* SchedulingModeName(SchedulingMode mode) {
-  return mode == SchedulingMode::kFifo ? "fifo" : "priority";
-}
 
 size_t Negotiation::VectorSize(int32_t body_tensors) {
   return kHeaderSize + kWordsPerTensor * static_cast<size_t>(body_tensors);

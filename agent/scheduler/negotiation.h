@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "agent/operation.h"
+#include "agent/scheduler/operation.h"
 
 namespace baton::agent {
 

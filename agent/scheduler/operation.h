@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "agent/transport/device_memory.h"
 #include "baton/v1/common.pb.h"
 
@@ -32,6 +33,9 @@ enum class GpuCrossNode {
 };
 
 const char* GpuCrossNodeName(GpuCrossNode mode);
+
+// "push_pull" or "broadcast".
+const char* CollectiveName(v1::CollectiveOp kind);
 
 // What carries host tensors' collectives between agents (--data_transport).
 enum class DataTransport {
@@ -97,5 +101,15 @@ struct Operation {
     return std::min(partition_bytes, size_bytes - offset);
   }
 };
+
+// `status` as the failure of `op` ("push_pull of tensor "w" step 3 failed:
+// ...").
+absl::Status OperationFailure(const Operation& op, const absl::Status& status);
+
+// A transport error of `what` with the peers named: every node of
+// `node_names` but `self`.
+absl::Status TransportError(const absl::Status& status, const std::string& what,
+                            const std::vector<std::string>& node_names,
+                            int32_t self);
 
 }  // namespace baton::agent

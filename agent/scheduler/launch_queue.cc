@@ -1,4 +1,4 @@
-#include "agent/launch_queue.h"
+#include "agent/scheduler/launch_queue.h"
 
 #include "absl/container/flat_hash_set.h"
 

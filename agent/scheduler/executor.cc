@@ -1,0 +1,425 @@
+#include "agent/scheduler/executor.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "agent/reduce.h"
+#include "common/thread_name.h"
+#include "glog/logging.h"
+
+namespace baton::agent {
+
+Executor::Executor(ExecutorOptions options,
+                   std::vector<std::unique_ptr<Communicator>> data,
+                   Returned returned)
+    : options_(std::move(options)), returned_(std::move(returned)) {
+  CHECK(!data.empty()) << "an executor needs at least one communicator";
+  absl::MutexLock lock(&mu_);
+  // Room for the device worker, so that no worker's address moves.
+  workers_.reserve(data.size() + 1);
+  host_workers_ = data.size();
+  for (auto& comm : data) {
+    auto worker = std::make_unique<Worker>();
+    worker->comm = std::move(comm);
+    workers_.push_back(std::move(worker));
+  }
+  for (size_t i = 0; i < host_workers_; ++i) {
+    StartWorker(workers_[i].get(), absl::StrCat("baton-data-", i));
+  }
+}
+
+Executor::~Executor() {
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopped_) {
+      stopped_ = true;
+      stop_status_ = absl::CancelledError("the executor was destroyed");
+    }
+    for (auto& worker : workers_) {
+      worker->cv.SignalAll();
+      threads.push_back(std::move(worker->thread));
+    }
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+void Executor::StartWorker(Worker* worker, std::string name) {
+  ++workers_running_;
+  worker->thread = std::thread([this, worker, name = std::move(name)] {
+    SetThreadName(name);
+    WorkerLoop(worker);
+  });
+}
+
+void Executor::AttachDevices(DeviceGroup device) {
+  CHECK(device.comm != nullptr) << "a device group needs a communicator";
+  absl::MutexLock lock(&mu_);
+  CHECK(device_worker_ == nullptr) << "devices attached twice";
+  cross_node_ = device.cross_node;
+  device_memory_ = device.memory;
+  auto worker = std::make_unique<Worker>();
+  worker->comm = std::move(device.host);
+  worker->device = std::move(device.comm);
+  Worker* w = worker.get();
+  device_worker_ = w;
+  workers_.push_back(std::move(worker));
+  // Stopped already: the group is aborted like one that was there when it
+  // stopped, and the worker exits at once.
+  if (stopped_ && drop_) w->device->Abort(stop_status_);
+  StartWorker(w, "baton-gpu");
+}
+
+bool Executor::has_devices() const {
+  absl::MutexLock lock(&mu_);
+  return device_worker_ != nullptr;
+}
+
+void Executor::Queue(Launch launch, int32_t channel) {
+  absl::MutexLock lock(&mu_);
+  DCHECK(!stopped_) << "launch queued after Stop";
+  Worker* worker = static_cast<size_t>(channel) == host_workers_
+                       ? device_worker_
+                       : workers_[channel].get();
+  CHECK(worker != nullptr) << "a CUDA launch without devices";
+  for (PartitionTask& task : launch) task.channel = channel;
+  worker->queue.push_back(std::move(launch));
+  worker->cv.Signal();
+}
+
+absl::Status Executor::RunInline(const PartitionTask& task) {
+  Worker* worker;
+  {
+    absl::MutexLock lock(&mu_);
+    worker = workers_[0].get();
+  }
+  const int64_t started_us = NowUs();
+  int64_t reduced_us = started_us;
+  const absl::Status status = Execute(*worker, task, &reduced_us);
+  Record(task, started_us, reduced_us, NowUs(), status.ok());
+  return status;
+}
+
+void Executor::Stop(const absl::Status& status, bool drop) {
+  absl::MutexLock lock(&mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  stop_status_ = status;
+  drop_ = drop;
+  for (auto& worker : workers_) worker->cv.SignalAll();
+  if (!drop) return;
+  for (auto& worker : workers_) {
+    if (worker->comm != nullptr) worker->comm->Abort(status);
+    if (worker->device != nullptr) worker->device->Abort(status);
+  }
+}
+
+bool Executor::finished() const {
+  absl::MutexLock lock(&mu_);
+  return workers_running_ == 0;
+}
+
+int64_t Executor::NowUs() const {
+  return absl::ToUnixMicros(options_.clock->Now());
+}
+
+void Executor::WorkerLoop(Worker* worker) {
+  while (true) {
+    Launch launch;
+    bool drop = false;
+    {
+      absl::MutexLock lock(&mu_);
+      // Once stopped nothing new is queued: run (or drop) the rest, exit.
+      while (worker->queue.empty() && !stopped_) worker->cv.Wait(&mu_);
+      if (worker->queue.empty()) break;
+      launch = std::move(worker->queue.front());
+      worker->queue.pop_front();
+      drop = drop_;
+    }
+    absl::Status status = absl::CancelledError("not started");
+    if (!drop) {
+      const int64_t started_us = NowUs();
+      int64_t reduced_us = started_us;
+      status = launch.size() == 1
+                   ? Execute(*worker, launch.front(), &reduced_us)
+                   : ExecuteFused(*worker, launch, &reduced_us);
+      const int64_t done_us = NowUs();
+      for (const PartitionTask& task : launch) {
+        Record(task, started_us, reduced_us, done_us, status.ok());
+      }
+    }
+    returned_(std::move(launch), std::move(status), drop);
+  }
+  // Closing the connections now (not at destruction) makes peers still
+  // blocked on this node fail at once; Stop reaches them under mu_.
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<DeviceCommunicator> device;
+  {
+    absl::MutexLock lock(&mu_);
+    comm = std::move(worker->comm);
+    device = std::move(worker->device);
+  }
+  comm.reset();
+  device.reset();
+  absl::MutexLock lock(&mu_);
+  --workers_running_;
+}
+
+absl::Status Executor::Failed(const absl::Status& status,
+                              const std::string& what) const {
+  return TransportError(status, what, options_.node_names, options_.node_rank);
+}
+
+void Executor::Record(const PartitionTask& task, int64_t started_us,
+                      int64_t reduced_us, int64_t done_us, bool ok) const {
+  if (options_.timeline == nullptr) return;
+  const Operation& op = *task.op;
+  v1::PartitionTrace trace;
+  trace.set_tensor_id(op.tensor_id);
+  trace.set_tensor(op.tensor_name);
+  trace.set_step(op.step);
+  trace.set_partition(task.partition);
+  trace.set_num_partitions(op.NumPartitions());
+  trace.set_bytes(task.length);
+  trace.set_priority(op.priority);
+  trace.set_kind(CollectiveName(op.kind));
+  trace.set_generation(options_.generation);
+  trace.set_channel(task.channel);
+  trace.set_launch_seq(task.seq);
+  trace.set_submitted_us(task.submitted_us);
+  trace.set_agreed_us(task.agreed_us);
+  trace.set_launched_us(task.launched_us);
+  trace.set_started_us(started_us);
+  trace.set_reduced_us(reduced_us);
+  trace.set_done_us(done_us);
+  trace.set_ok(ok);
+  options_.timeline->Add(std::move(trace));
+}
+
+absl::Status Executor::Execute(Worker& worker, const PartitionTask& task,
+                                int64_t* reduced_us) {
+  const Operation& op = *task.op;
+  if (op.on_device) return ExecuteOnDevice(worker, task, reduced_us);
+  const size_t element = ElementSize(op.dtype);
+  const size_t count = static_cast<size_t>(task.length) / element;
+  uint8_t* out = op.output + task.offset;
+  CollectiveOptions opts;
+  opts.timeout = options_.op_timeout;
+  absl::Status status;
+  if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
+    uint8_t* data = out;
+    if (op.root_local >= 0 && op.inputs.size() == 1) {
+      // The root is its node's only trainer: it holds the result already,
+      // and nobody here reads the output. Peers get the input itself (gloo
+      // only reads the root's buffer), without a copy.
+      data = const_cast<uint8_t*>(op.inputs[op.root_local]) + task.offset;
+    } else if (op.root_local >= 0 && op.inputs[op.root_local] != op.output) {
+      std::memcpy(out, op.inputs[op.root_local] + task.offset, task.length);
+    }
+    *reduced_us = NowUs();
+    if (options_.num_nodes > 1) {
+      status = worker.comm->Broadcast(data, task.length, op.root_node, opts);
+    }
+  } else {
+    const size_t n = op.inputs.size();
+    const bool cross = options_.num_nodes > 1;
+    const bool average = op.average && options_.world_size > 1;
+    if (cross && n == 1) {
+      // One local trainer: the allreduce reads its input and writes the
+      // output (no local copy).
+      opts.input = op.inputs[0] + task.offset;
+    } else if (!(n == 1 && op.inputs[0] == op.output)) {
+      absl::InlinedVector<const void*, 8> srcs(n);
+      for (size_t i = 0; i < n; ++i) srcs[i] = op.inputs[i] + task.offset;
+      SumInto(op.dtype, out, srcs.data(), n, count);
+    }
+    *reduced_us = NowUs();
+    if (cross) {
+      if (average) opts.divisor = options_.world_size;
+      status = worker.comm->AllreduceSum(out, count, op.dtype, opts);
+    } else if (average) {
+      DivideInPlace(op.dtype, out, count, options_.world_size);
+    }
+  }
+  if (!status.ok()) return Failed(status, Describe(task));
+  return status;
+}
+
+absl::Status Executor::ExecuteFused(Worker& worker, const Launch& launch,
+                                     int64_t* reduced_us) {
+  // FuseSmallTensors: host push-pulls of whole tensors, one data type and
+  // average flag, more than one node.
+  const Operation& first = *launch.front().op;
+  const size_t element = ElementSize(first.dtype);
+  size_t total = 0;
+  for (const PartitionTask& task : launch) {
+    total += static_cast<size_t>(task.length);
+  }
+  if (worker.fused.size() < total) worker.fused.resize(total);
+  uint8_t* packed = worker.fused.data();
+  size_t at = 0;
+  for (const PartitionTask& task : launch) {
+    const Operation& op = *task.op;
+    const size_t n = op.inputs.size();
+    absl::InlinedVector<const void*, 8> srcs(n);
+    for (size_t i = 0; i < n; ++i) srcs[i] = op.inputs[i] + task.offset;
+    SumInto(op.dtype, packed + at, srcs.data(), n,
+            static_cast<size_t>(task.length) / element);
+    at += static_cast<size_t>(task.length);
+  }
+  *reduced_us = NowUs();
+  CollectiveOptions opts;
+  opts.timeout = options_.op_timeout;
+  if (first.average && options_.world_size > 1) {
+    opts.divisor = options_.world_size;
+  }
+  const absl::Status status =
+      worker.comm->AllreduceSum(packed, total / element, first.dtype, opts);
+  if (!status.ok()) return Failed(status, DescribeFused(launch));
+  at = 0;
+  for (const PartitionTask& task : launch) {
+    std::memcpy(task.op->output + task.offset, packed + at,
+                static_cast<size_t>(task.length));
+    at += static_cast<size_t>(task.length);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::AbortedBeforeWriteBack() const {
+  absl::MutexLock lock(&mu_);
+  if (stopped_ && drop_) return stop_status_;
+  return absl::OkStatus();
+}
+
+absl::Status Executor::ExecuteOnDevice(Worker& worker,
+                                        const PartitionTask& task,
+                                        int64_t* reduced_us) {
+  const Operation& op = *task.op;
+  DeviceCommunicator& device = *worker.device;
+  const int local = device.local_devices();
+  // Named only on failure: this runs for every partition.
+  const auto fail = [&](const absl::Status& status) {
+    return Failed(status, Describe(task));
+  };
+  if (static_cast<int>(op.device_buffers.size()) != local) {
+    return absl::InternalError(
+        absl::StrCat(Describe(task), ": ", op.device_buffers.size(),
+                     " CUDA buffers for ", local, " local GPUs"));
+  }
+  CollectiveOptions opts;
+  opts.timeout = options_.op_timeout;
+  // ByteScheduler's ready events: the trainers' streams have written the
+  // inputs.
+  for (DeviceEvent* ready : op.ready) {
+    if (ready == nullptr) continue;
+    absl::Status status = ready->Wait(options_.op_timeout);
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat(Describe(task), ": ", status.message()));
+    }
+  }
+  absl::InlinedVector<void*, 8> buffers(local);
+  for (int i = 0; i < local; ++i) {
+    buffers[i] = op.device_buffers[i] + task.offset;
+  }
+  const size_t element = ElementSize(op.dtype);
+  const size_t count = static_cast<size_t>(task.length) / element;
+  const size_t bytes = static_cast<size_t>(task.length);
+  const bool cross = options_.num_nodes > 1;
+  uint8_t* stage = op.output == nullptr ? nullptr : op.output + task.offset;
+  absl::Status status;
+  if (cross_node_ == GpuCrossNode::kNccl) {
+    *reduced_us = NowUs();
+    if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
+      const int root = op.root_node * local + op.root_local;
+      status = device.DeviceBroadcast(buffers, bytes, root, opts);
+    } else {
+      status = device.DeviceAllreduce(
+          buffers, count, op.dtype,
+          op.average ? DeviceReduceOp::kAverage : DeviceReduceOp::kSum, opts);
+    }
+    return status.ok() ? status : fail(status);
+  }
+
+  // The hierarchical path: this node's GPUs agree among themselves with
+  // NCCL; the nodes agree on host memory over gloo.
+  if (cross && (stage == nullptr || worker.comm == nullptr ||
+                device_memory_ == nullptr)) {
+    return absl::InternalError(absl::StrCat(
+        Describe(task), ": the hierarchical path has no host stage"));
+  }
+  if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
+    int from = 0;  // the local device that holds the result
+    if (op.root_node == options_.node_rank) {
+      from = op.root_local;
+      if (cross) {
+        status = device_memory_->CopyToHost(stage, buffers[from], bytes, from);
+        if (status.ok()) {
+          status = worker.comm->Broadcast(stage, bytes, op.root_node, opts);
+        }
+      }
+    } else {
+      status = worker.comm->Broadcast(stage, bytes, op.root_node, opts);
+      if (status.ok()) status = AbortedBeforeWriteBack();
+      if (status.ok()) {
+        status = device_memory_->CopyToDevice(buffers[0], stage, bytes, 0);
+      }
+    }
+    *reduced_us = NowUs();
+    if (status.ok() && local > 1) {
+      status = device.DeviceBroadcast(buffers, bytes, from, opts);
+    }
+    return status.ok() ? status : fail(status);
+  }
+  // Alone, the node's average is the job's: NCCL divides. Across nodes the
+  // host divides the job's sum.
+  const bool average = op.average && options_.world_size > 1;
+  if (local > 1) {
+    status = device.DeviceReduce(
+        buffers, count, op.dtype,
+        average && !cross ? DeviceReduceOp::kAverage : DeviceReduceOp::kSum,
+        /*root=*/0, opts);
+  }
+  *reduced_us = NowUs();
+  if (status.ok() && cross) {
+    status = device_memory_->CopyToHost(stage, buffers[0], bytes, 0);
+    if (status.ok()) {
+      if (average) opts.divisor = options_.world_size;
+      status = worker.comm->AllreduceSum(stage, count, op.dtype, opts);
+    }
+    if (status.ok()) status = AbortedBeforeWriteBack();
+    if (status.ok()) {
+      status = device_memory_->CopyToDevice(buffers[0], stage, bytes, 0);
+    }
+  }
+  if (status.ok() && local > 1) {
+    status = device.DeviceBroadcast(buffers, bytes, /*root=*/0, opts);
+  }
+  return status.ok() ? status : fail(status);
+}
+
+std::string Executor::Describe(const PartitionTask& task) const {
+  const Operation& op = *task.op;
+  return absl::StrCat(CollectiveName(op.kind), " of tensor \"", op.tensor_name,
+                      "\" step ", op.step, " partition ", task.partition + 1,
+                      "/", op.NumPartitions(), " (", task.length,
+                      " bytes) in job \"", options_.job, "\" generation ",
+                      options_.generation);
+}
+
+std::string Executor::DescribeFused(const Launch& launch) const {
+  std::string tensors;
+  int64_t bytes = 0;
+  for (const PartitionTask& task : launch) {
+    absl::StrAppend(&tensors, tensors.empty() ? "" : ", ", "\"",
+                    task.op->tensor_name, "\" step ", task.op->step);
+    bytes += task.length;
+  }
+  return absl::StrCat("fused push_pull of ", launch.size(), " tensors (",
+                      tensors, "; ", bytes, " bytes) in job \"", options_.job,
+                      "\" generation ", options_.generation);
+}
+
+}  // namespace baton::agent

@@ -1,0 +1,40 @@
+#include "agent/scheduler/operation.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace baton::agent {
+
+const char* SchedulingModeName(SchedulingMode mode) {
+  return mode == SchedulingMode::kFifo ? "fifo" : "priority";
+}
+
+const char* GpuCrossNodeName(GpuCrossNode mode) {
+  return mode == GpuCrossNode::kGloo ? "gloo" : "nccl";
+}
+
+const char* CollectiveName(v1::CollectiveOp kind) {
+  return kind == v1::COLLECTIVE_OP_BROADCAST ? "broadcast" : "push_pull";
+}
+
+absl::Status OperationFailure(const Operation& op, const absl::Status& status) {
+  return absl::Status(
+      status.code(),
+      absl::StrCat(CollectiveName(op.kind), " of tensor \"", op.tensor_name,
+                   "\" step ", op.step, " failed: ", status.message()));
+}
+
+absl::Status TransportError(const absl::Status& status, const std::string& what,
+                            const std::vector<std::string>& node_names,
+                            int32_t self) {
+  std::string peers;
+  for (size_t rank = 0; rank < node_names.size(); ++rank) {
+    if (static_cast<int32_t>(rank) == self) continue;
+    absl::StrAppend(&peers, peers.empty() ? "" : ", ", node_names[rank]);
+  }
+  return absl::Status(
+      status.code(),
+      absl::StrCat(what, ": ", status.message(),
+                   peers.empty() ? "" : absl::StrCat(" (peers: ", peers, ")")));
+}
+
+}  // namespace baton::agent
