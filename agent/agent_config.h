@@ -22,6 +22,11 @@ struct AgentConfig {
   SchedulingMode scheduling = SchedulingMode::kPriority;
   GpuCrossNode gpu_cross_node = GpuCrossNode::kNccl;
   int64_t credit_bytes = 16 << 20;
+  // Priority mode across nodes: baton chooses the partition size (of jobs
+  // that do not ask for one) and the credit online (--partition_tuning; the
+  // credit only when --credit_bytes was not given).
+  bool tune_partition_bytes = false;
+  bool tune_credit_bytes = false;
   std::chrono::milliseconds op_timeout{60000};
   // Data communicators per job (separate TCP connections, used in parallel).
   int data_channels = 4;

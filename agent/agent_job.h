@@ -23,7 +23,7 @@
 #include "agent/scheduler/scheduler.h"
 #include "agent/links.h"
 #include "agent/local_tensor.h"
-#include "agent/timeline_recorder.h"
+#include "agent/scheduler/timeline_recorder.h"
 #include "agent/transport/transport.h"
 #include "baton/v1/coordinator.pb.h"
 #include "baton/v1/trainer.pb.h"
@@ -260,6 +260,9 @@ class AgentJob {
   void SendAttached();
   v1::Attached AttachedFor(int32_t local_rank) const;
   int64_t CompletedStep() const;
+  // The scheduler chooses the partition size: the job did not ask for one
+  // (AttachRequest.partition_bytes) and the agent tunes.
+  bool TunesPartitions() const;
 
   // agent_job.cc: observability.
   // "job=J gen=G node=N " for this job's log lines, with "rank=R " (the

@@ -405,6 +405,12 @@ void AgentJob::OnDataPlaneConnected(int64_t generation,
   options.world_size = membership_->world_size();
   options.mode = mode_;
   options.credit_bytes = config_.credit_bytes;
+  // Where tuning starts: the plan's size (the coordinator's
+  // --partition_bytes), or its default before the plan arrived.
+  options.partition_bytes =
+      partition_bytes_ > 0 ? partition_bytes_ : int64_t{4} << 20;
+  options.tune_partition_bytes = TunesPartitions();
+  options.tune_credit_bytes = config_.tune_credit_bytes;
   options.op_timeout = config_.op_timeout;
   options.launch_trace = launch_trace_;
   // --timeline_records=0: nothing is recorded, not even built.
@@ -573,6 +579,10 @@ void AgentJob::RetireDataPlane(absl::Status status) {
   retired_.push_back(std::move(data_plane_));
 }
 
+bool AgentJob::TunesPartitions() const {
+  return config_.tune_partition_bytes && params_.partition_bytes() == 0;
+}
+
 int64_t AgentJob::CompletedStep() const {
   int64_t step = -1;
   bool first = true;
@@ -625,6 +635,12 @@ void AgentJob::SendReport() {
     const Scheduler::Stats s = data_plane_->stats();
     stats->set_queue_depth(s.queue_depth);
     stats->set_bytes_in_flight(s.bytes_in_flight);
+    if (mode_ == SchedulingMode::kPriority) {
+      stats->set_credit_bytes(s.credit_bytes);
+      stats->set_partition_bytes(s.partition_bytes);
+      stats->set_partition_tuned(s.partition_tuned);
+      stats->set_credit_tuned(s.credit_tuned);
+    }
     const double seconds =
         std::chrono::duration<double>(now - reported_at_).count();
     const double interval =

@@ -249,7 +249,9 @@ void AgentJob::TrySubmit(PendingOp& pending) {
   Operation* op = pending.op.get();
   op->tensor_id = static_cast<uint32_t>(tensor.tensor_id);
   op->priority = tensor.priority;
-  op->partition_bytes = mode_ == SchedulingMode::kFifo ? 0 : partition_bytes_;
+  // 0: the scheduler's own (tuned) size.
+  op->partition_bytes =
+      mode_ == SchedulingMode::kFifo || TunesPartitions() ? 0 : partition_bytes_;
   if (op->kind == v1::COLLECTIVE_OP_BROADCAST) {
     if (op->root_rank >= membership_->world_size()) {
       FinishOp(pending, absl::InvalidArgumentError(absl::StrCat(

@@ -44,7 +44,14 @@ DEFINE_string(gpu_cross_node, "nccl",
               "memory between agents: the hierarchical path)");
 DEFINE_int64(credit_bytes, 16 << 20,
              "Bytes in flight per job on this node (priority scheduling); "
-             "one partition is always admitted");
+             "one partition is always admitted. Not given: baton starts "
+             "there and chooses it online (--partition_tuning)");
+DEFINE_bool(partition_tuning, true,
+            "Priority scheduling across nodes: choose the partition size "
+            "(of jobs that do not set BATON_PARTITION_BYTES; the "
+            "coordinator's --partition_bytes is where it starts) and the "
+            "credit (unless --credit_bytes is given) online from this "
+            "node's own collective timings, agreed by every node");
 DEFINE_int64(op_timeout_ms, 60000,
              "Bound on every collective and on connecting the data plane");
 DEFINE_int32(data_channels, 4,
@@ -153,6 +160,10 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
         "--data_channels=", FLAGS_data_channels, " must be at most 16"));
   }
   config.credit_bytes = FLAGS_credit_bytes;
+  config.tune_partition_bytes = FLAGS_partition_tuning;
+  config.tune_credit_bytes =
+      FLAGS_partition_tuning &&
+      gflags::GetCommandLineFlagInfoOrDie("credit_bytes").is_default;
   config.op_timeout = std::chrono::milliseconds(FLAGS_op_timeout_ms);
   config.data_channels = FLAGS_data_channels;
   config.reconnect_max_backoff =

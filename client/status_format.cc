@@ -153,13 +153,19 @@ std::string SchedulingSection(const v1::JobStatus& job) {
                 FormatBytes(plan.total_bytes()), plan.num_partitions(),
                 FormatBytes(plan.partition_bytes()));
   if (!job.members().empty()) {
-    TextTable table(
-        {"NODE", "MODE", "CREDIT", "QUEUE DEPTH", "IN FLIGHT", "THROUGHPUT"});
+    TextTable table({"NODE", "MODE", "PARTITION", "CREDIT", "QUEUE DEPTH",
+                     "IN FLIGHT", "THROUGHPUT"});
+    // " (auto)": baton chose it online.
+    const auto sized = [](int64_t bytes, bool tuned) {
+      return bytes > 0 ? FormatBytes(bytes) + (tuned ? " (auto)" : "")
+                       : std::string("-");
+    };
     for (const v1::MemberStatus& m : job.members()) {
-      // Both are unknown until the node's first report.
+      // Unknown until the node's first report.
       table.AddRow(
           {m.node_name(), m.scheduling().empty() ? "-" : m.scheduling(),
-           m.credit_bytes() > 0 ? FormatBytes(m.credit_bytes()) : "-",
+           sized(m.partition_bytes(), m.partition_tuned()),
+           sized(m.credit_bytes(), m.credit_tuned()),
            absl::StrCat(m.queue_depth()), FormatBytes(m.bytes_in_flight()),
            FormatBytes(m.throughput_bytes_per_second()) + "/s"});
     }

@@ -346,6 +346,9 @@ void StepManager::FillStatus(const std::string& job_name, absl::Time now,
       *member.mutable_tensor_latencies() = stats.tensor_latencies();
       member.set_scheduling(stats.scheduling());
       member.set_credit_bytes(stats.credit_bytes());
+      member.set_partition_bytes(stats.partition_bytes());
+      member.set_partition_tuned(stats.partition_tuned());
+      member.set_credit_tuned(stats.credit_tuned());
     }
   }
 }

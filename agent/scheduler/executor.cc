@@ -146,8 +146,15 @@ void Executor::WorkerLoop(Worker* worker) {
                    ? Execute(*worker, launch.front(), &reduced_us)
                    : ExecuteFused(*worker, launch, &reduced_us);
       const int64_t done_us = NowUs();
+      int64_t bytes = 0;
       for (const PartitionTask& task : launch) {
         Record(task, started_us, reduced_us, done_us, status.ok());
+        bytes += task.length;
+      }
+      if (options_.tuner != nullptr && status.ok() && worker->device == nullptr &&
+          options_.num_nodes > 1) {
+        options_.tuner->Add(
+            {bytes, absl::Microseconds(done_us - reduced_us)});
       }
     }
     returned_(std::move(launch), std::move(status), drop);
@@ -181,7 +188,7 @@ void Executor::Record(const PartitionTask& task, int64_t started_us,
   trace.set_tensor(op.tensor_name);
   trace.set_step(op.step);
   trace.set_partition(task.partition);
-  trace.set_num_partitions(op.NumPartitions());
+  trace.set_num_partitions(task.num_partitions);
   trace.set_bytes(task.length);
   trace.set_priority(op.priority);
   trace.set_kind(CollectiveName(op.kind));
@@ -404,7 +411,7 @@ std::string Executor::Describe(const PartitionTask& task) const {
   const Operation& op = *task.op;
   return absl::StrCat(CollectiveName(op.kind), " of tensor \"", op.tensor_name,
                       "\" step ", op.step, " partition ", task.partition + 1,
-                      "/", op.NumPartitions(), " (", task.length,
+                      "/", task.num_partitions, " (", task.length,
                       " bytes) in job \"", options_.job, "\" generation ",
                       options_.generation);
 }

@@ -14,7 +14,8 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/scheduler/launch_queue.h"
 #include "agent/scheduler/operation.h"
-#include "agent/timeline_recorder.h"
+#include "agent/scheduler/partition_tuner.h"
+#include "agent/scheduler/timeline_recorder.h"
 #include "agent/transport/device_communicator.h"
 #include "agent/transport/device_memory.h"
 #include "agent/transport/transport.h"
@@ -52,6 +53,9 @@ struct ExecutorOptions {
   TimelineRecorder* timeline = nullptr;
   // Every reading of time (the timeline's phases). Not owned.
   Clock* clock = Clock::Real();
+  // When set, each host collective that succeeded across nodes is added
+  // here (its bytes and the collective's own time). Not owned.
+  PartitionTuner* tuner = nullptr;
 };
 
 // The executing half of a generation's data plane (the Scheduler decides

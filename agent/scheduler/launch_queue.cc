@@ -1,15 +1,23 @@
 #include "agent/scheduler/launch_queue.h"
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_set.h"
 
 namespace baton::agent {
 
-void LaunchQueue::Add(std::shared_ptr<const Operation> op) {
-  const int32_t n = op->NumPartitions();
+int32_t LaunchQueue::Add(std::shared_ptr<const Operation> op,
+                         int64_t partition_bytes) {
+  const int32_t n = NumPartitions(op->size_bytes, partition_bytes);
   for (int32_t p = 0; p < n; ++p) {
-    PartitionTask task{op, p, op->PartitionOffset(p), op->PartitionLength(p)};
+    const int64_t offset = n == 1 ? 0 : p * partition_bytes;
+    const int64_t length =
+        n == 1 ? op->size_bytes : std::min(partition_bytes, op->size_bytes - offset);
+    PartitionTask task{op, p, offset, length};
+    task.num_partitions = n;
     queue_.emplace(Key{op->priority, p, op->tensor_id}, std::move(task));
   }
+  return n;
 }
 
 std::vector<PartitionTask> LaunchQueue::Admit(int64_t free_credit,
@@ -33,7 +41,7 @@ std::vector<Launch> FuseSmallTensors(std::vector<PartitionTask> admitted,
   const auto fusable = [&](const PartitionTask& task) {
     const Operation& op = *task.op;
     return max_tensor_bytes > 0 && !op.on_device &&
-           op.kind == v1::COLLECTIVE_OP_PUSH_PULL && op.NumPartitions() == 1 &&
+           op.kind == v1::COLLECTIVE_OP_PUSH_PULL && task.num_partitions == 1 &&
            task.length <= max_tensor_bytes;
   };
   std::vector<Launch> launches;

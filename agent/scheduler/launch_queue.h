@@ -16,6 +16,8 @@ struct PartitionTask {
   int32_t partition = 0;
   int64_t offset = 0;
   int64_t length = 0;
+  // Partitions of the operation, agreed with its partition size.
+  int32_t num_partitions = 1;
   // Set at launch, for the timeline: the launch sequence number, the
   // communicator it went to, and when (unix microseconds) the operation was
   // submitted, agreed and this partition launched.
@@ -50,8 +52,10 @@ std::vector<Launch> FuseSmallTensors(std::vector<PartitionTask> admitted,
 // Not thread-safe: owned by the data plane's scheduler thread.
 class LaunchQueue {
  public:
-  // Queues every partition of `op`.
-  void Add(std::shared_ptr<const Operation> op);
+  // Queues every partition of `op`, in pieces of `partition_bytes` (the
+  // size in force in the round that agreed it, the same on every node);
+  // returns how many.
+  int32_t Add(std::shared_ptr<const Operation> op, int64_t partition_bytes);
 
   // Pops partitions in order while they fit in `free_credit` bytes. When
   // `nothing_in_flight`, the first partition is admitted whatever its size

@@ -22,6 +22,8 @@ enum Header : size_t {
   kNegInFlight,
   kNegPending,
   kNegLeaving,
+  kPartitionBytes,
+  kCreditBytes,
   kHeaderSize,
 };
 // Per tensor: key, -key, -ready time.
@@ -65,6 +67,8 @@ void Negotiation::Encode(const LocalState& state, int32_t body_tensors,
   v[kNegInFlight] = -state.in_flight_bytes;
   v[kNegPending] = -state.pending;
   v[kNegLeaving] = state.leaving ? -1 : 0;
+  v[kPartitionBytes] = state.partition_bytes;
+  v[kCreditBytes] = state.credit_bytes;
   if (state.ready == nullptr) return;
   for (const auto& [tensor_id, op] : *state.ready) {
     if (tensor_id >= static_cast<uint32_t>(body_tensors)) continue;
@@ -86,6 +90,8 @@ Negotiation::Outcome Negotiation::Decode(const std::vector<int64_t>& vec,
   out.max_in_flight_bytes = -v[kNegInFlight];
   out.max_pending = -v[kNegPending];
   out.someone_leaving = v[kNegLeaving] != 0;
+  out.partition_bytes = v[kPartitionBytes];
+  out.credit_bytes = v[kCreditBytes];
   for (int32_t id = 0; id < body_tensors; ++id) {
     const int64_t* t = v + kHeaderSize + kWordsPerTensor * id;
     const int64_t min_key = t[0];

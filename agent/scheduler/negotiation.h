@@ -40,6 +40,11 @@ class Negotiation {
     int64_t pending = 0;
     // This node is leaving the job: every node stops after this round.
     bool leaving = false;
+    // The partition size and credit this node proposes (its PartitionTuner's,
+    // or the values in use): every node applies the minima from this round
+    // on.
+    int64_t partition_bytes = 0;
+    int64_t credit_bytes = 0;
     // The operation ready for each tensor id (at most one per tensor).
     const absl::flat_hash_map<uint32_t, std::shared_ptr<const Operation>>*
         ready = nullptr;
@@ -63,6 +68,9 @@ class Negotiation {
     int64_t min_free_credit = 0;
     int64_t max_in_flight_bytes = 0;
     int64_t max_pending = 0;
+    // The minima of the proposed partition size and credit.
+    int64_t partition_bytes = 0;
+    int64_t credit_bytes = 0;
     // Ordered by tensor id.
     std::vector<Agreed> agreed;
     std::vector<Mismatch> mismatches;

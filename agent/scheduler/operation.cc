@@ -16,6 +16,12 @@ const char* CollectiveName(v1::CollectiveOp kind) {
   return kind == v1::COLLECTIVE_OP_BROADCAST ? "broadcast" : "push_pull";
 }
 
+int32_t NumPartitions(int64_t size_bytes, int64_t partition_bytes) {
+  if (size_bytes <= partition_bytes || partition_bytes <= 0) return 1;
+  return static_cast<int32_t>((size_bytes + partition_bytes - 1) /
+                              partition_bytes);
+}
+
 absl::Status OperationFailure(const Operation& op, const absl::Status& status) {
   return absl::Status(
       status.code(),

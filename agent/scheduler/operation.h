@@ -67,7 +67,8 @@ struct Operation {
   int32_t root_node = -1;
   int32_t root_local = -1;
   int64_t size_bytes = 0;
-  // Bytes per partition; the last one may be shorter. A multiple of 8.
+  // Bytes per partition the job asked for (a multiple of 8; the last one
+  // may be shorter); 0: the scheduler's own, tuned size (priority mode).
   int64_t partition_bytes = 0;
   // Host tensors: one input per local trainer, in local-rank order, and the
   // output every local trainer reads (never one of the inputs).
@@ -86,21 +87,11 @@ struct Operation {
   // When the last local trainer enqueued it (microseconds since the epoch):
   // fifo mode orders by the latest of these across nodes.
   int64_t ready_unix_us = 0;
-
-  int32_t NumPartitions() const {
-    if (size_bytes <= partition_bytes || partition_bytes <= 0) return 1;
-    return static_cast<int32_t>((size_bytes + partition_bytes - 1) /
-                                partition_bytes);
-  }
-  int64_t PartitionOffset(int32_t partition) const {
-    return NumPartitions() == 1 ? 0 : partition * partition_bytes;
-  }
-  int64_t PartitionLength(int32_t partition) const {
-    if (NumPartitions() == 1) return size_bytes;
-    const int64_t offset = PartitionOffset(partition);
-    return std::min(partition_bytes, size_bytes - offset);
-  }
 };
+
+// Partitions of `size_bytes` bytes in pieces of at most `partition_bytes`
+// (<= 0: one); partition i covers [i * partition_bytes, ...).
+int32_t NumPartitions(int64_t size_bytes, int64_t partition_bytes);
 
 // `status` as the failure of `op` ("push_pull of tensor "w" step 3 failed:
 // ...").

@@ -8,6 +8,31 @@
 #include "glog/logging.h"
 
 namespace baton::agent {
+namespace {
+
+// A tuner when baton chooses the partition size or the credit: priority
+// mode with collectives across nodes to measure.
+std::unique_ptr<PartitionTuner> MakeTuner(const SchedulerOptions& options,
+                                          size_t channels) {
+  if (options.mode != SchedulingMode::kPriority || options.num_nodes < 2 ||
+      !(options.tune_partition_bytes || options.tune_credit_bytes)) {
+    return nullptr;
+  }
+  PartitionTuner::Options tuner;
+  tuner.channels = static_cast<int>(channels);
+  if (options.partition_bytes > 0) {
+    tuner.initial_partition_bytes = options.partition_bytes;
+  }
+  tuner.initial_credit_bytes =
+      std::max(options.credit_bytes, tuner.initial_partition_bytes);
+  tuner.min_partition_bytes =
+      std::min(tuner.min_partition_bytes, tuner.initial_partition_bytes);
+  tuner.max_partition_bytes =
+      std::max(tuner.max_partition_bytes, tuner.initial_partition_bytes);
+  return std::make_unique<PartitionTuner>(tuner);
+}
+
+}  // namespace
 
 Scheduler::Scheduler(SchedulerOptions options,
                      std::unique_ptr<NegotiationWire> negotiation,
@@ -15,9 +40,18 @@ Scheduler::Scheduler(SchedulerOptions options,
                      Callbacks callbacks, DeviceGroup device)
     : options_(std::move(options)),
       callbacks_(std::move(callbacks)),
-      negotiation_(std::move(negotiation)) {
+      tuner_(MakeTuner(options_, data.size())),
+      negotiation_(std::move(negotiation)),
+      partition_bytes_(options_.partition_bytes),
+      credit_bytes_(options_.credit_bytes) {
+  ExecutorOptions executor = options_;
+  executor.tuner = tuner_.get();
+  if (tuner_ != nullptr) {
+    tuner_->SetApplied({std::max<int64_t>(partition_bytes_, 8),
+                        std::max(credit_bytes_, partition_bytes_)});
+  }
   executor_ = std::make_unique<Executor>(
-      static_cast<const ExecutorOptions&>(options_), std::move(data),
+      std::move(executor), std::move(data),
       [this](Launch launch, absl::Status status, bool dropped) {
         OnReturned(std::move(launch), std::move(status), dropped);
       });
@@ -131,6 +165,11 @@ Scheduler::Stats Scheduler::stats() const {
   stats.bytes_in_flight = in_flight_bytes_;
   stats.bytes_done = bytes_done_;
   stats.rounds = rounds_;
+  stats.partition_bytes = partition_bytes_;
+  stats.credit_bytes = credit_bytes_;
+  stats.partition_tuned = tuner_ != nullptr && options_.tune_partition_bytes;
+  stats.credit_tuned = tuner_ != nullptr && options_.tune_credit_bytes;
+  stats.retunes = retunes_;
   return stats;
 }
 
@@ -208,6 +247,9 @@ void Scheduler::NegotiationFailed(absl::Status status) {
 
 bool Scheduler::Round(std::vector<int64_t>& vec, int32_t& body) {
   const bool single = options_.num_nodes == 1;
+  // What this node said it had in flight: credit freed during the exchange
+  // is seen only by the next round.
+  int64_t encoded_in_flight = 0;
   {
     absl::MutexLock lock(&mu_);
     if (!AwaitNews(body)) return false;
@@ -215,7 +257,10 @@ bool Scheduler::Round(std::vector<int64_t>& vec, int32_t& body) {
     Negotiation::LocalState state;
     state.mode = options_.mode;
     state.known_tensors = known_tensors_;
-    state.free_credit = options_.credit_bytes - in_flight_bytes_;
+    state.free_credit = credit_bytes_ - in_flight_bytes_;
+    const PartitionTuner::Proposal proposal = ProposalLocked();
+    state.partition_bytes = proposal.partition_bytes;
+    state.credit_bytes = proposal.credit_bytes;
     state.in_flight_bytes = in_flight_bytes_;
     state.pending = static_cast<int64_t>(submitted_.size());
     state.leaving = leaving_;
@@ -223,6 +268,7 @@ bool Scheduler::Round(std::vector<int64_t>& vec, int32_t& body) {
     // A single node needs no agreement: its body covers every known tensor.
     if (single) body = known_tensors_;
     Negotiation::Encode(state, body, &vec);
+    encoded_in_flight = in_flight_bytes_;
   }
 
   if (!single) {
@@ -250,6 +296,7 @@ bool Scheduler::Round(std::vector<int64_t>& vec, int32_t& body) {
     absl::MutexLock lock(&mu_);
     if (stopped_) return false;
     ++rounds_;
+    const bool freed_meanwhile = in_flight_bytes_ < encoded_in_flight;
     if (outcome.mode_mismatch) {
       StopLocked(absl::FailedPreconditionError(absl::StrCat(
                      "the nodes of job \"", options_.job,
@@ -297,7 +344,14 @@ bool Scheduler::Round(std::vector<int64_t>& vec, int32_t& body) {
           LaunchLocked({PartitionTask{op, 0, 0, op->size_bytes}});
         }
       } else {
-        for (auto& op : agreed) queue_.Add(std::move(op));
+        // From this round on every node partitions and admits alike.
+        ApplyLocked(outcome.partition_bytes, outcome.credit_bytes);
+        for (auto& op : agreed) {
+          OpState& state = ops_[op->id];
+          const int64_t partition_bytes =
+              op->partition_bytes > 0 ? op->partition_bytes : partition_bytes_;
+          state.partitions = queue_.Add(std::move(op), partition_bytes);
+        }
         std::vector<PartitionTask> admitted = queue_.Admit(
             outcome.min_free_credit, outcome.max_in_flight_bytes == 0);
         for (Launch& launch :
@@ -310,6 +364,11 @@ bool Scheduler::Round(std::vector<int64_t>& vec, int32_t& body) {
       // An operation of a tensor the body did not cover yet waits for the
       // next round, which nothing else may start.
       if (outcome.known_tensors != body && !submitted_.empty()) dirty_ = true;
+      // Partitions that returned during the exchange freed credit this
+      // round could not use, and their return asked for no round (the
+      // queue was empty then, or the round was already running): without
+      // one, queued partitions could wait with nothing in flight anywhere.
+      if (freed_meanwhile && !queue_.empty()) dirty_ = true;
       body = outcome.known_tensors;
       if (outcome.someone_leaving) {
         StopLocked(absl::FailedPreconditionError(absl::StrCat(
@@ -431,13 +490,43 @@ void Scheduler::MaybeFinishLocked(uint64_t op_id, Done& done) {
   if (it == ops_.end()) return;
   OpState& state = it->second;
   if (state.returned < state.launched) return;
-  const bool complete = state.launched == state.op->NumPartitions();
+  const bool complete = state.launched == state.partitions;
   if (state.status.ok() && !complete) {
     if (!stopped_) return;  // more partitions to launch
     state.status = OperationFailure(*state.op, stop_status_);
   }
   done.emplace_back(op_id, std::move(state.status));
   ops_.erase(it);
+}
+
+PartitionTuner::Proposal Scheduler::ProposalLocked() const {
+  PartitionTuner::Proposal proposal{partition_bytes_, credit_bytes_};
+  if (tuner_ == nullptr) return proposal;
+  const PartitionTuner::Proposal tuned = tuner_->Propose();
+  if (options_.tune_partition_bytes) {
+    proposal = tuned;
+  } else if (options_.tune_credit_bytes) {
+    // The partition is the user's: every channel busy and one queued.
+    proposal.credit_bytes =
+        static_cast<int64_t>(executor_->host_channels() + 1) * partition_bytes_;
+  }
+  if (!options_.tune_credit_bytes) proposal.credit_bytes = credit_bytes_;
+  return proposal;
+}
+
+void Scheduler::ApplyLocked(int64_t partition_bytes, int64_t credit_bytes) {
+  if (partition_bytes == partition_bytes_ && credit_bytes == credit_bytes_) {
+    return;
+  }
+  LOG(INFO) << "job=" << options_.job << " gen=" << options_.generation
+            << " node=" << options_.node_rank << " partitions of "
+            << partition_bytes << " bytes (were " << partition_bytes_
+            << "), credit " << credit_bytes << " bytes (was " << credit_bytes_
+            << ") from round " << rounds_;
+  partition_bytes_ = partition_bytes;
+  credit_bytes_ = credit_bytes;
+  ++retunes_;
+  if (tuner_ != nullptr) tuner_->SetApplied({partition_bytes, credit_bytes});
 }
 
 void Scheduler::Report(Done& done) {

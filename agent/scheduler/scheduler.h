@@ -19,7 +19,8 @@
 #include "agent/scheduler/negotiation.h"
 #include "agent/scheduler/negotiation_wire.h"
 #include "agent/scheduler/operation.h"
-#include "agent/timeline_recorder.h"
+#include "agent/scheduler/partition_tuner.h"
+#include "agent/scheduler/timeline_recorder.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
 
@@ -29,9 +30,17 @@ namespace baton::agent {
 // timeline, the clock), and what scheduling adds.
 struct SchedulerOptions : ExecutorOptions {
   SchedulingMode mode = SchedulingMode::kPriority;
-  // Bytes this node may have in flight (priority mode); one partition is
-  // always admitted.
+  // Priority mode: bytes per partition of operations that do not ask for a
+  // size (Operation::partition_bytes 0; 0 here: whole tensors), and bytes
+  // this node may have in flight (one partition is always admitted). With
+  // tuning these are where it starts.
+  int64_t partition_bytes = 0;
   int64_t credit_bytes = 16 << 20;
+  // Priority mode with more than one node: baton chooses the partition size
+  // and the credit from this node's collective timings (PartitionTuner);
+  // the nodes agree on them in the negotiation rounds.
+  bool tune_partition_bytes = false;
+  bool tune_credit_bytes = false;
   // When set, every launch is appended here as one line (tests compare the
   // files of all nodes). Not owned; outlives the scheduler.
   std::FILE* launch_trace = nullptr;
@@ -74,6 +83,13 @@ class Scheduler {
     int64_t bytes_done = 0;
     // Negotiation rounds run (every node of the job runs the same ones).
     int64_t rounds = 0;
+    // In force now (the same on every node), and whether baton chose them.
+    int64_t partition_bytes = 0;
+    int64_t credit_bytes = 0;
+    bool partition_tuned = false;
+    bool credit_tuned = false;
+    // Times the agreed values changed.
+    int64_t retunes = 0;
   };
 
   // `negotiation` carries the rounds; `data` (at least one) the collectives
@@ -128,6 +144,8 @@ class Scheduler {
     // For the timeline (unix microseconds).
     int64_t submitted_us = 0;
     int64_t agreed_us = 0;
+    // Set when agreed.
+    int32_t partitions = 1;
   };
   using Done = std::vector<std::pair<uint64_t, absl::Status>>;
 
@@ -159,6 +177,12 @@ class Scheduler {
   void MaybeFinishLocked(uint64_t op_id, Done& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Report(Done& done) ABSL_LOCKS_EXCLUDED(mu_);
+  // This node's proposal for the next round (Negotiation::LocalState).
+  PartitionTuner::Proposal ProposalLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies the round's agreed partition size and credit.
+  void ApplyLocked(int64_t partition_bytes, int64_t credit_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t NowUs() const;
 
   // Single-node operations up to this size run on the submitting thread.
@@ -174,6 +198,8 @@ class Scheduler {
   // Constant after construction.
   const SchedulerOptions options_;
   const Callbacks callbacks_;
+  // Null unless something is tuned; thread-safe (the workers add to it).
+  const std::unique_ptr<PartitionTuner> tuner_;
 
   mutable absl::Mutex mu_;
   absl::CondVar news_;
@@ -190,6 +216,10 @@ class Scheduler {
   int64_t bytes_done_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t launch_seq_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rounds_ ABSL_GUARDED_BY(mu_) = 0;
+  // Agreed in the negotiation (options_ until the first round).
+  int64_t partition_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t credit_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t retunes_ ABSL_GUARDED_BY(mu_) = 0;
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
   bool leaving_ ABSL_GUARDED_BY(mu_) = false;
   // Set once scheduling stopped; why.

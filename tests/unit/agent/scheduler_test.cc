@@ -41,6 +41,13 @@ std::shared_ptr<Operation> Op(uint32_t tensor_id, int32_t priority,
   return op;
 }
 
+// Queues `op` in the partitions it asks for (LaunchQueue takes the size the
+// scheduler agreed; these tests give it per operation).
+void AddOp(LaunchQueue& queue, std::shared_ptr<Operation> op) {
+  const int64_t partition_bytes = op->partition_bytes;
+  queue.Add(std::move(op), partition_bytes);
+}
+
 // The element-wise minimum of several nodes' vectors.
 std::vector<int64_t> Min(const std::vector<std::vector<int64_t>>& vectors) {
   std::vector<int64_t> out = vectors[0];
@@ -85,6 +92,25 @@ TEST(NegotiationTest, AgreesOnTensorsReadyEverywhereWithTheSameKey) {
   EXPECT_EQ(Negotiation::DescribeKey(out.mismatches[0].max_key), "step 6, sum");
 }
 
+// Every node proposes a partition size and a credit (its PartitionTuner's):
+// every node decodes the same minima, which it applies from that round on.
+TEST(NegotiationTest, ProposedPartitionAndCreditAgreeOnTheMinimum) {
+  absl::flat_hash_map<uint32_t, std::shared_ptr<const Operation>> none;
+  Negotiation::LocalState sa, sb;
+  sa.ready = &none;
+  sb.ready = &none;
+  sa.partition_bytes = 1 << 20;
+  sa.credit_bytes = 5 << 20;
+  sb.partition_bytes = 4 << 20;
+  sb.credit_bytes = 2 << 20;
+  std::vector<int64_t> va, vb;
+  Negotiation::Encode(sa, 0, &va);
+  Negotiation::Encode(sb, 0, &vb);
+  const Negotiation::Outcome out = Negotiation::Decode(Min({va, vb}), 0);
+  EXPECT_EQ(out.partition_bytes, 1 << 20);
+  EXPECT_EQ(out.credit_bytes, 2 << 20);
+}
+
 TEST(NegotiationTest, AverageAndRootAreDistinguishedAndDescribed) {
   auto sum = Op(0, 0, 3, 8);
   auto average = Op(0, 0, 3, 8);
@@ -125,8 +151,8 @@ std::vector<std::string> Order(const std::vector<PartitionTask>& tasks) {
 
 TEST(LaunchQueueTest, OrdersByPriorityThenPartitionWithinCredit) {
   LaunchQueue queue;
-  queue.Add(Op(1, 1, 0, 40, 10));  // 4 partitions of 10
-  queue.Add(Op(0, 0, 0, 15, 10));  // 2 partitions: 10, 5
+  AddOp(queue, Op(1, 1, 0, 40, 10));  // 4 partitions of 10
+  AddOp(queue, Op(0, 0, 0, 15, 10));  // 2 partitions: 10, 5
   EXPECT_EQ(queue.size(), 6u);
   // 25 bytes of credit: t0/0 (10), t0/1 (5), t1/0 (10).
   EXPECT_THAT(Order(queue.Admit(25, false)),
@@ -136,7 +162,7 @@ TEST(LaunchQueueTest, OrdersByPriorityThenPartitionWithinCredit) {
   // With nothing in flight anywhere one partition is always admitted.
   EXPECT_THAT(Order(queue.Admit(0, true)), ElementsAre("t1/1"));
   // An urgent tensor goes before the rest of the large one.
-  queue.Add(Op(0, 0, 1, 4, 10));
+  AddOp(queue, Op(0, 0, 1, 4, 10));
   EXPECT_THAT(Order(queue.Admit(100, false)),
               ElementsAre("t0/0", "t1/2", "t1/3"));
   EXPECT_TRUE(queue.empty());
@@ -144,8 +170,8 @@ TEST(LaunchQueueTest, OrdersByPriorityThenPartitionWithinCredit) {
 
 TEST(LaunchQueueTest, ClearReturnsEachQueuedOperationOnce) {
   LaunchQueue queue;
-  queue.Add(Op(1, 1, 0, 40, 10));
-  queue.Add(Op(2, 2, 0, 8, 10));
+  AddOp(queue, Op(1, 1, 0, 40, 10));
+  AddOp(queue, Op(2, 2, 0, 8, 10));
   EXPECT_EQ(queue.Clear().size(), 2u);
   EXPECT_TRUE(queue.empty());
 }
@@ -165,28 +191,28 @@ std::vector<std::string> Launches(const std::vector<Launch>& launches) {
 
 TEST(FuseSmallTensorsTest, FusesRunsOfSmallWholeTensorsAlike) {
   LaunchQueue queue;
-  queue.Add(Op(0, 0, 0, 8));
-  queue.Add(Op(1, 1, 0, 16));
-  queue.Add(Op(2, 2, 0, 64, 32));  // two partitions: never fused
-  queue.Add(Op(3, 3, 0, 8));
+  AddOp(queue, Op(0, 0, 0, 8));
+  AddOp(queue, Op(1, 1, 0, 16));
+  AddOp(queue, Op(2, 2, 0, 64, 32));  // two partitions: never fused
+  AddOp(queue, Op(3, 3, 0, 8));
   auto int32 = Op(4, 4, 0, 8);
   int32->dtype = v1::DATA_TYPE_INT32;  // another type: a launch of its own
-  queue.Add(int32);
+  AddOp(queue, int32);
   auto averaged = Op(5, 5, 0, 8);
   averaged->average = true;  // another flag
-  queue.Add(averaged);
-  queue.Add(Op(6, 6, 0, 8));
-  queue.Add(Op(7, 7, 0, 40));  // above the tensor limit
-  queue.Add(Op(8, 8, 0, 8));
+  AddOp(queue, averaged);
+  AddOp(queue, Op(6, 6, 0, 8));
+  AddOp(queue, Op(7, 7, 0, 40));  // above the tensor limit
+  AddOp(queue, Op(8, 8, 0, 8));
   auto broadcast = Op(9, 9, 0, 8);
   broadcast->kind = v1::COLLECTIVE_OP_BROADCAST;
-  queue.Add(broadcast);
-  queue.Add(Op(10, 10, 0, 8));
-  queue.Add(Op(11, 11, 0, 8));
-  queue.Add(Op(12, 12, 0, 8));
+  AddOp(queue, broadcast);
+  AddOp(queue, Op(10, 10, 0, 8));
+  AddOp(queue, Op(11, 11, 0, 8));
+  AddOp(queue, Op(12, 12, 0, 8));
   auto device = Op(13, 13, 0, 8);
   device->on_device = true;
-  queue.Add(device);
+  AddOp(queue, device);
   std::vector<PartitionTask> admitted = queue.Admit(1 << 20, false);
   EXPECT_THAT(
       Launches(FuseSmallTensors(admitted, /*max_tensor_bytes=*/32,
@@ -386,6 +412,49 @@ TEST_P(SchedulerTest, RandomSubmissionOrderGivesOneLaunchOrderAndRightSums) {
   }
   EXPECT_EQ(orders[1], orders[0]);
   EXPECT_EQ(orders[2], orders[0]);
+}
+
+// With tuning on, the nodes change partition size and credit only together:
+// however their timings differ, every node launches the same partitions in
+// the same order, every sum is right, and the values in force are the same.
+TEST_P(SchedulerTest, TunedPartitionsAreTheSameOnEveryNode) {
+  SchedulerOptions options;
+  options.partition_bytes = 64 << 10;
+  options.credit_bytes = 256 << 10;
+  options.tune_partition_bytes = true;
+  options.tune_credit_bytes = true;
+  Start(2, options);
+  constexpr int kTensors = 8;
+  constexpr int kSteps = 12;
+  for (auto& node : nodes_) node->plane->SetKnownTensors(kTensors);
+  OnEveryNode(2, [&](int rank) {
+    for (int64_t step = 0; step < kSteps; ++step) {
+      for (uint32_t t = 0; t < kTensors; ++t) {
+        // 4 KiB to 512 KiB: the tuner sees several sizes.
+        nodes_[rank]->plane->Submit(SumOp(rank, t, static_cast<int32_t>(t),
+                                          step, int64_t{1024} << t,
+                                          /*partition_bytes=*/0));
+      }
+      for (uint32_t t = 0; t < kTensors; ++t) {
+        const absl::Status done = nodes_[rank]->WaitDone(t * 1000 + step + 1);
+        ASSERT_TRUE(done.ok()) << "node " << rank << " tensor " << t
+                               << " step " << step << ": " << done;
+        const std::vector<float>& out = Output(rank, t);
+        for (size_t i = 0; i < out.size(); ++i) {
+          ASSERT_EQ(out[i], 3.0f * (i % 100 + 1))
+              << "tensor " << t << " step " << step << " [" << i << "]";
+        }
+      }
+    }
+  });
+  EXPECT_EQ(nodes_[1]->Trace(), nodes_[0]->Trace());
+  const Scheduler::Stats a = nodes_[0]->plane->stats();
+  const Scheduler::Stats b = nodes_[1]->plane->stats();
+  EXPECT_TRUE(a.partition_tuned && a.credit_tuned);
+  EXPECT_EQ(a.partition_bytes, b.partition_bytes);
+  EXPECT_EQ(a.credit_bytes, b.credit_bytes);
+  EXPECT_EQ(a.retunes, b.retunes);
+  EXPECT_GE(a.credit_bytes, a.partition_bytes);
 }
 
 TEST(TimelineRecorderTest, KeepsTheNewestRecordsAndSaysWhenItDropped) {

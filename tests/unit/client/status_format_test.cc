@@ -84,7 +84,10 @@ v1::JobStatus RunningJob() {
   n1->set_throughput_bytes_per_second(1.5 * 1024 * 1024 * 1024);
   n1->set_queue_depth(3);
   n1->set_scheduling("priority");
-  n1->set_credit_bytes(16 << 20);
+  n1->set_credit_bytes(10 << 20);
+  n1->set_credit_tuned(true);
+  n1->set_partition_bytes(2 << 20);
+  n1->set_partition_tuned(true);
   n1->set_bytes_in_flight(8 << 20);
   n1->mutable_ranks(0)->set_completed_step(41);
   n1->mutable_ranks(1)->set_completed_step(40);

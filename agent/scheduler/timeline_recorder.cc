@@ -1,4 +1,4 @@
-#include "agent/timeline_recorder.h"
+#include "agent/scheduler/timeline_recorder.h"
 
 #include <algorithm>
 #include <utility>
