@@ -18,7 +18,7 @@
 #include "common/thread_name.h"
 #include "grpcpp/grpcpp.h"
 
-namespace baton {
+namespace baton::client {
 namespace {
 
 // Reads an integer variable; `fallback` when unset.
@@ -57,40 +57,6 @@ absl::Status AgentUnreachable(const std::string& socket,
 }
 
 }  // namespace
-
-absl::StatusOr<ClientOptions> ClientOptions::FromEnvironment() {
-  ClientOptions o;
-  o.socket = StringFromEnv("BATON_AGENT_SOCKET", o.socket);
-  o.job = StringFromEnv("BATON_JOB", "");
-  if (o.job.empty()) {
-    return absl::InvalidArgumentError(
-        "BATON_JOB is not set: name the job this trainer belongs to");
-  }
-  absl::StatusOr<int64_t> v = IntFromEnv("LOCAL_RANK", 0);
-  if (!v.ok()) return v.status();
-  o.local_rank = static_cast<int32_t>(*v);
-  v = IntFromEnv("LOCAL_WORLD_SIZE", 1);
-  if (!v.ok()) return v.status();
-  o.local_size = static_cast<int32_t>(*v);
-  absl::StatusOr<int64_t> world = IntFromEnv("WORLD_SIZE", o.local_size);
-  if (!world.ok()) return world.status();
-  v = IntFromEnv("BATON_NODES", o.local_size > 0 ? *world / o.local_size : 1);
-  if (!v.ok()) return v.status();
-  o.expected_nodes = static_cast<int32_t>(*v);
-  v = IntFromEnv("BATON_MIN_NODES", 0);
-  if (!v.ok()) return v.status();
-  o.min_nodes = static_cast<int32_t>(*v);
-  v = IntFromEnv("BATON_PARTITION_BYTES", 0);
-  if (!v.ok()) return v.status();
-  o.partition_bytes = *v;
-  o.scheduling = StringFromEnv("BATON_SCHEDULING", "");
-  v = IntFromEnv("BATON_SHM_CHANNEL", 1);
-  if (!v.ok()) return v.status();
-  o.shm_channel = *v != 0;
-  return o;
-}
-
-namespace internal {
 
 // The consumer side of the trainer channel's completion ring. The client's
 // completer thread drains it while nobody waits; a thread in Handle::Wait
@@ -204,10 +170,51 @@ class CompletionRing {
   bool stopping_ = false;  // guarded by mu_
 };
 
-}  // namespace internal
+}  // namespace baton::client
+
+namespace baton {
+
+using client::AgentUnreachable;
+using client::CheckDeclaration;
+using client::CompletionRing;
+using client::IntFromEnv;
+using client::SessionClosed;
+using client::StringFromEnv;
+
+absl::StatusOr<ClientOptions> ClientOptions::FromEnvironment() {
+  ClientOptions o;
+  o.socket = StringFromEnv("BATON_AGENT_SOCKET", o.socket);
+  o.job = StringFromEnv("BATON_JOB", "");
+  if (o.job.empty()) {
+    return absl::InvalidArgumentError(
+        "BATON_JOB is not set: name the job this trainer belongs to");
+  }
+  absl::StatusOr<int64_t> v = IntFromEnv("LOCAL_RANK", 0);
+  if (!v.ok()) return v.status();
+  o.local_rank = static_cast<int32_t>(*v);
+  v = IntFromEnv("LOCAL_WORLD_SIZE", 1);
+  if (!v.ok()) return v.status();
+  o.local_size = static_cast<int32_t>(*v);
+  absl::StatusOr<int64_t> world = IntFromEnv("WORLD_SIZE", o.local_size);
+  if (!world.ok()) return world.status();
+  v = IntFromEnv("BATON_NODES", o.local_size > 0 ? *world / o.local_size : 1);
+  if (!v.ok()) return v.status();
+  o.expected_nodes = static_cast<int32_t>(*v);
+  v = IntFromEnv("BATON_MIN_NODES", 0);
+  if (!v.ok()) return v.status();
+  o.min_nodes = static_cast<int32_t>(*v);
+  v = IntFromEnv("BATON_PARTITION_BYTES", 0);
+  if (!v.ok()) return v.status();
+  o.partition_bytes = *v;
+  o.scheduling = StringFromEnv("BATON_SCHEDULING", "");
+  v = IntFromEnv("BATON_SHM_CHANNEL", 1);
+  if (!v.ok()) return v.status();
+  o.shm_channel = *v != 0;
+  return o;
+}
 
 Handle::Handle(int32_t index, int64_t step,
-               std::shared_ptr<internal::CompletionRing> ring)
+               std::shared_ptr<CompletionRing> ring)
     : index_(index), step_(step), ring_(std::move(ring)) {}
 
 Handle::~Handle() = default;
@@ -316,7 +323,7 @@ class Client::Impl {
     doorbell_ = reinterpret_cast<Doorbell*>(doorbell_memory_.data());
     trainer_channel_ =
         reinterpret_cast<TrainerChannel*>(channel_memory_.data());
-    completions_ = std::make_shared<internal::CompletionRing>(
+    completions_ = std::make_shared<CompletionRing>(
         trainer_channel_,
         [this](int32_t index, int64_t step) -> std::shared_ptr<Handle> {
           std::lock_guard<std::mutex> lock(mu_);
@@ -498,7 +505,7 @@ class Client::Impl {
   SharedMemory channel_memory_;
   Doorbell* doorbell_ = nullptr;
   TrainerChannel* trainer_channel_ = nullptr;
-  std::shared_ptr<internal::CompletionRing> completions_;
+  std::shared_ptr<CompletionRing> completions_;
   std::thread completer_;
   bool shm_channel_wanted_ = true;
 };

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace baton {
+namespace baton::client {
 namespace {
 
 absl::Status CheckHandle(const std::string& tensor, const char* field,
@@ -86,4 +86,4 @@ bool SameCudaBuffer(const v1::CudaBuffer& a, const v1::CudaBuffer& b) {
          a.pci_bus_id() == b.pci_bus_id();
 }
 
-}  // namespace baton
+}  // namespace baton::client

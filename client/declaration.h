@@ -6,7 +6,7 @@
 #include "baton/v1/common.pb.h"
 #include "baton/v1/trainer.pb.h"
 
-namespace baton {
+namespace baton::client {
 
 // Bytes of a cudaIpcMemHandle_t and of a cudaIpcEventHandle_t.
 inline constexpr size_t kCudaIpcHandleBytes = 64;
@@ -25,4 +25,4 @@ absl::Status CheckDeclaration(const std::vector<v1::TensorSpec>& specs,
 // not compared).
 bool SameCudaBuffer(const v1::CudaBuffer& a, const v1::CudaBuffer& b);
 
-}  // namespace baton
+}  // namespace baton::client

@@ -12,31 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "client/declaration.h"
 
-namespace baton {
-
-// One started operation: the client's handle plus what Synchronize needs to
-// deliver the result into the user's buffer exactly once.
-class Operation {
- public:
-  Operation(std::string name, std::shared_ptr<Handle> handle,
-            std::shared_ptr<Tensor> tensor, void* destination)
-      : name(std::move(name)),
-        handle(std::move(handle)),
-        tensor(std::move(tensor)),
-        destination(destination) {}
-
-  const std::string name;
-  const std::shared_ptr<Handle> handle;
-  const std::shared_ptr<Tensor> tensor;
-  // Where the result goes; nullptr when there is nothing to copy (the
-  // broadcast root already holds the result).
-  void* const destination;
-
-  std::mutex mu;
-  bool delivered = false;
-  absl::Status outcome;
-};
-
+namespace baton::client {
 namespace {
 
 std::string ShapeText(const google::protobuf::RepeatedField<int64_t>& shape) {
@@ -113,6 +89,43 @@ struct OperationRequest {
 };
 
 }  // namespace
+}  // namespace baton::client
+
+namespace baton {
+
+using client::CheckDeclaration;
+using client::CheckLauncherVariable;
+using client::MakeCudaBuffer;
+using client::MakeSpec;
+using client::OperationRequest;
+using client::SameCudaBuffer;
+using client::SameSpec;
+using client::ShapeText;
+using client::SpecText;
+
+// One started operation: the client's handle plus what Synchronize needs to
+// deliver the result into the user's buffer exactly once. baton/session.h
+// declares it, opaque, as what an OperationHandle points to.
+class Operation {
+ public:
+  Operation(std::string name, std::shared_ptr<Handle> handle,
+            std::shared_ptr<Tensor> tensor, void* destination)
+      : name(std::move(name)),
+        handle(std::move(handle)),
+        tensor(std::move(tensor)),
+        destination(destination) {}
+
+  const std::string name;
+  const std::shared_ptr<Handle> handle;
+  const std::shared_ptr<Tensor> tensor;
+  // Where the result goes; nullptr when there is nothing to copy (the
+  // broadcast root already holds the result).
+  void* const destination;
+
+  std::mutex mu;
+  bool delivered = false;
+  absl::Status outcome;
+};
 
 class Session::Impl {
  public:

@@ -14,7 +14,7 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 
-namespace baton {
+namespace baton::client {
 namespace {
 
 // Columns separated by two spaces, each as wide as its widest cell; the last
@@ -213,6 +213,21 @@ std::string DataTypeName(v1::DataType type) {
 }
 
 }  // namespace
+}  // namespace baton::client
+
+namespace baton {
+
+using client::DataTypeName;
+using client::EventLines;
+using client::kNone;
+using client::MembershipTable;
+using client::MismatchesSection;
+using client::SchedulingSection;
+using client::Section;
+using client::StallsSection;
+using client::StateSection;
+using client::StepSection;
+using client::TextTable;
 
 std::string FormatBytes(double bytes) {
   if (bytes < 1024) return absl::StrFormat("%.0f B", bytes);

@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "baton/v1/coordinator.pb.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // A message on its way to agents. Immutable and shared, so a broadcast is one
 // object and one serialization however many sessions it goes to: the
@@ -54,4 +54,4 @@ class AgentChannel {
   virtual void Close(const absl::Status& status) = 0;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-namespace baton {
+namespace baton::coordinator {
 
 void ControlLoop::Post(Task task) {
   absl::MutexLock lock(&mu_);
@@ -78,4 +78,4 @@ size_t ControlLoop::Pending() const {
   return tasks_.size();
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

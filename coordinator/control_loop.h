@@ -8,7 +8,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // The one thread that owns all coordinator state. gRPC reactors Post() tasks;
 // the loop runs them in order, and calls a tick function periodically so
@@ -49,4 +49,4 @@ class ControlLoop {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

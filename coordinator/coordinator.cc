@@ -10,7 +10,7 @@
 #include "common/validation.h"
 #include "glog/logging.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 std::string RandomInstance() {
@@ -507,4 +507,4 @@ void Coordinator::OnJobRecovered(const v1::Membership& membership,
   }
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

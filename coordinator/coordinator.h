@@ -20,7 +20,7 @@
 #include "coordinator/tensor_plan_manager.h"
 #include "coordinator/timeline_collector.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // The coordinator's state and logic, free of gRPC: it wires the managers
 // together in dependency order (sessions -> jobs -> plan, steps, store) and
@@ -121,4 +121,4 @@ class Coordinator : private JobListener {
   absl::Time last_tick_ = absl::InfinitePast();
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

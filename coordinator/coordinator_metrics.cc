@@ -12,7 +12,7 @@
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_type.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 using prometheus::ClientMetric;
@@ -162,4 +162,4 @@ std::vector<MetricFamily> CoordinatorMetrics::Families(
   return families;
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

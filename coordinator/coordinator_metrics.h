@@ -11,7 +11,7 @@
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // The coordinator's Prometheus metrics (docs/operations.md, "Metrics"),
 // computed at each scrape from the state the control loop owns: the scrape's
@@ -51,4 +51,4 @@ class CoordinatorMetrics : public prometheus::Collectable {
   const absl::Duration timeout_;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -5,7 +5,7 @@
 
 #include "absl/time/time.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // Every tunable of the coordinator; main.cc fills it from flags.
 struct CoordinatorOptions {
@@ -33,4 +33,4 @@ struct CoordinatorOptions {
   absl::Duration shutdown_retry_after = absl::Seconds(1);
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

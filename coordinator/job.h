@@ -18,7 +18,7 @@
 #include "common/ids.h"
 #include "coordinator/job_manager.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace job_internal {
 
 inline constexpr int32_t kMaxNodes = 100000;
@@ -108,4 +108,4 @@ struct JobManager::Job {
   int64_t members_lost = 0;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -13,7 +13,7 @@
 #include "coordinator/job.h"
 #include "glog/logging.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace job_internal {
 
 std::string StateName(v1::JobState state) {
@@ -698,4 +698,4 @@ int64_t JobManager::MembersLost(const std::string& job) const {
   return found == nullptr ? 0 : found->members_lost;
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -17,7 +17,7 @@
 #include "coordinator/coordinator_options.h"
 #include "coordinator/session_manager.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // What other managers must do when membership changes. Called by JobManager
 // on the control loop thread, after its own state is updated.
@@ -151,4 +151,4 @@ class JobManager {
   absl::flat_hash_map<std::string, int64_t> last_generation_;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

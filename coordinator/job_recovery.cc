@@ -14,7 +14,7 @@
 #include "coordinator/job_manager.h"
 #include "glog/logging.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 using job_internal::Ended;
 using job_internal::StateName;
@@ -177,4 +177,4 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
   return absl::OkStatus();
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -57,7 +57,7 @@ DEFINE_string(metrics_listen, "",
               "Address of the Prometheus endpoint (GET /metrics), host:port "
               "(port 0 picks a free port, printed at start); empty: none");
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 constexpr char kUsage[] =
@@ -192,6 +192,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::coordinator
 
-int main(int argc, char** argv) { return baton::Main(argc, argv); }
+int main(int argc, char** argv) { return baton::coordinator::Main(argc, argv); }

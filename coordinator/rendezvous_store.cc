@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 // A timeout names this many missing keys, then only counts the rest: a Get
@@ -505,4 +505,4 @@ size_t RendezvousStore::WaitingGets() const {
   return waiting;
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

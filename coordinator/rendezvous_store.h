@@ -12,7 +12,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/rendezvous.pb.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // The rendezvous key-value store agents bootstrap gloo and NCCL through. Each
 // job has at most one open scope: its current sealed generation. Keys of
@@ -80,4 +80,4 @@ class RendezvousStore {
   absl::flat_hash_map<std::string, std::unique_ptr<Scope>> jobs_;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

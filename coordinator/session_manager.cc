@@ -4,7 +4,7 @@
 
 #include "glog/logging.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 Session& SessionManager::Open(SessionId id,
                               std::shared_ptr<AgentChannel> channel,
@@ -76,4 +76,4 @@ std::vector<SessionId> SessionManager::All() const {
   return all;
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -12,7 +12,7 @@
 #include "common/ids.h"
 #include "coordinator/agent_channel.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // One agent's stream to the coordinator.
 struct Session {
@@ -69,4 +69,4 @@ class SessionManager {
   absl::flat_hash_map<std::string, SessionId> by_agent_;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -10,7 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 // A pending (tensor, step) as seen across the nodes' latest reports.
@@ -355,4 +355,4 @@ void StepManager::FillStatus(const std::string& job_name, absl::Time now,
 
 void StepManager::RemoveJob(const std::string& job) { jobs_.erase(job); }
 
-}  // namespace baton
+}  // namespace baton::coordinator

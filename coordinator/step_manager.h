@@ -13,7 +13,7 @@
 #include "baton/v1/coordinator.pb.h"
 #include "baton/v1/status.pb.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // Tracks each job's step progress from the agents' periodic StepReports: the
 // global step (last step completed by every rank), each rank's lag behind the
@@ -74,4 +74,4 @@ class StepManager {
   absl::flat_hash_map<std::string, std::unique_ptr<JobSteps>> jobs_;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -16,7 +16,7 @@
 #include "common/status_macros.h"
 #include "common/tensor_spec.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 // Longest rank or node list spelled out in a message; the proto keeps all.
@@ -585,4 +585,4 @@ int64_t TensorPlanManager::SizeBytes(const v1::TensorSpec& spec) {
   return TensorSizeBytes(spec);
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

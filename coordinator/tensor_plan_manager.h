@@ -14,7 +14,7 @@
 #include "baton/v1/status.pb.h"
 #include "common/tensor_spec.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // Owns every job's tensor plan: the manifests nodes send in the current
 // generation, the agreed plan (stable ids, priorities, partitioning) and the
@@ -98,4 +98,4 @@ class TensorPlanManager {
   absl::flat_hash_map<std::string, std::unique_ptr<JobPlans>> jobs_;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-namespace baton {
+namespace baton::coordinator {
 
 uint64_t TimelineCollector::Start(const v1::GetTimelineRequest& request,
                                   const std::vector<Node>& nodes,
@@ -95,4 +95,4 @@ void TimelineCollector::MaybeFinish(uint64_t id) {
   p.done(std::move(p.timeline));
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

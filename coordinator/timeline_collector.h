@@ -11,7 +11,7 @@
 #include "baton/v1/coordinator.pb.h"
 #include "baton/v1/status.pb.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // Gathers a job's timeline (batonctl timeline): one TimelineRequest per
 // connected member, the agents' TimelineReply messages merged into one
@@ -64,4 +64,4 @@ class TimelineCollector {
   absl::flat_hash_map<uint64_t, Pending> pending_;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

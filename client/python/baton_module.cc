@@ -23,7 +23,7 @@
 
 namespace py = pybind11;
 
-namespace baton {
+namespace baton::client {
 namespace {
 
 // What Python holds for a started operation (Operation itself is opaque).
@@ -116,23 +116,28 @@ std::unique_ptr<Session> InitSession(py::object attach_timeout) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::client
 
 PYBIND11_MODULE(_baton, m) {
-  using baton::Check;
-  using baton::MakeBuffer;
-  using baton::Millis;
   using baton::Session;
+  using baton::client::Check;
+  using baton::client::InitSession;
+  using baton::client::MakeBuffer;
+  using baton::client::MakeDeviceBuffer;
+  using baton::client::Millis;
+  using baton::client::PyOperation;
+  using baton::client::SharedRegion;
+  using baton::client::SpecFromTuple;
+  using baton::client::StatusError;
   namespace v1 = baton::v1;
 
   m.doc() = "baton's trainer client (use baton.torch for PyTorch)";
 
-  static py::exception<baton::StatusError> error(m, "BatonError",
-                                                 PyExc_RuntimeError);
+  static py::exception<StatusError> error(m, "BatonError", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const baton::StatusError& e) {
+    } catch (const StatusError& e) {
       const std::string text = std::string(e.status.message());
       switch (e.status.code()) {
         case absl::StatusCode::kInvalidArgument:
@@ -164,22 +169,21 @@ PYBIND11_MODULE(_baton, m) {
   m.attr("MEMORY_HOST") = static_cast<int>(v1::MEMORY_KIND_HOST);
   m.attr("MEMORY_CUDA") = static_cast<int>(v1::MEMORY_KIND_CUDA);
 
-  py::class_<baton::PyOperation>(m, "Operation",
-                                 "A started push-pull or broadcast (opaque).");
+  py::class_<PyOperation>(m, "Operation",
+                          "A started push-pull or broadcast (opaque).");
 
-  py::class_<baton::SharedRegion>(m, "SharedRegion", py::buffer_protocol(),
-                                  "A tensor's shared-memory region (a "
-                                  "buffer of bytes; keeps the session alive).")
-      .def_buffer([](baton::SharedRegion& r) {
+  py::class_<SharedRegion>(m, "SharedRegion", py::buffer_protocol(),
+                           "A tensor's shared-memory region (a "
+                           "buffer of bytes; keeps the session alive).")
+      .def_buffer([](SharedRegion& r) {
         return py::buffer_info(r.data, 1,
                                py::format_descriptor<uint8_t>::format(), 1,
                                {r.bytes}, {1}, !r.writable);
       })
-      .def("__len__", [](const baton::SharedRegion& r) { return r.bytes; });
+      .def("__len__", [](const SharedRegion& r) { return r.bytes; });
 
   py::class_<Session>(m, "Session")
-      .def_static("init", &baton::InitSession,
-                  py::arg("attach_timeout") = py::none(),
+      .def_static("init", &InitSession, py::arg("attach_timeout") = py::none(),
                   "Attaches to this node's agent (configured by the "
                   "environment: BATON_AGENT_SOCKET, BATON_JOB, LOCAL_RANK, "
                   "...) and waits until the job is formed.")
@@ -195,7 +199,7 @@ PYBIND11_MODULE(_baton, m) {
                  cuda_buffers) {
             std::vector<v1::TensorSpec> specs;
             for (const py::tuple& tensor : tensors) {
-              specs.push_back(baton::SpecFromTuple(tensor));
+              specs.push_back(SpecFromTuple(tensor));
             }
             std::vector<v1::CudaBuffer> buffers;
             for (const auto& [index, memory_handle, offset, event_handle,
@@ -224,7 +228,7 @@ PYBIND11_MODULE(_baton, m) {
              std::vector<int64_t> shape, bool average, uintptr_t output) {
             baton::Buffer buffer = MakeBuffer(data, dtype, std::move(shape));
             py::gil_scoped_release release;
-            return baton::PyOperation{Check(s.PushPullAsync(
+            return PyOperation{Check(s.PushPullAsync(
                 name, buffer, reinterpret_cast<void*>(output), average))};
           },
           py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
@@ -235,12 +239,11 @@ PYBIND11_MODULE(_baton, m) {
           "host_regions",
           [](py::object self, const std::string& name) {
             Session& s = self.cast<Session&>();
-            const baton::HostRegions regions = baton::Check(s.Regions(name));
+            const baton::HostRegions regions = Check(s.Regions(name));
             return py::make_tuple(
-                baton::SharedRegion{regions.input, regions.size_bytes, true,
-                                    self},
-                baton::SharedRegion{const_cast<uint8_t*>(regions.output),
-                                    regions.size_bytes, true, self});
+                SharedRegion{regions.input, regions.size_bytes, true, self},
+                SharedRegion{const_cast<uint8_t*>(regions.output),
+                             regions.size_bytes, true, self});
           },
           py::arg("name"),
           "(input, result): a declared host tensor's shared-memory regions as "
@@ -254,7 +257,7 @@ PYBIND11_MODULE(_baton, m) {
              std::vector<int64_t> shape, int32_t root_rank) {
             baton::Buffer buffer = MakeBuffer(data, dtype, std::move(shape));
             py::gil_scoped_release release;
-            return baton::PyOperation{
+            return PyOperation{
                 Check(s.BroadcastAsync(name, buffer, root_rank))};
           },
           py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
@@ -265,12 +268,11 @@ PYBIND11_MODULE(_baton, m) {
              std::vector<int64_t> shape, bool average,
              const py::bytes& memory_handle, int64_t offset,
              const py::bytes& event_handle, std::string pci_bus_id) {
-            baton::DeviceBuffer buffer = baton::MakeDeviceBuffer(
-                dtype, std::move(shape), memory_handle, offset, event_handle,
-                std::move(pci_bus_id));
+            baton::DeviceBuffer buffer =
+                MakeDeviceBuffer(dtype, std::move(shape), memory_handle, offset,
+                                 event_handle, std::move(pci_bus_id));
             py::gil_scoped_release release;
-            return baton::PyOperation{
-                Check(s.PushPullAsync(name, buffer, average))};
+            return PyOperation{Check(s.PushPullAsync(name, buffer, average))};
           },
           py::arg("name"), py::arg("dtype"), py::arg("shape"),
           py::arg("average"), py::arg("memory_handle"), py::arg("offset"),
@@ -284,11 +286,11 @@ PYBIND11_MODULE(_baton, m) {
              std::vector<int64_t> shape, int32_t root_rank,
              const py::bytes& memory_handle, int64_t offset,
              const py::bytes& event_handle, std::string pci_bus_id) {
-            baton::DeviceBuffer buffer = baton::MakeDeviceBuffer(
-                dtype, std::move(shape), memory_handle, offset, event_handle,
-                std::move(pci_bus_id));
+            baton::DeviceBuffer buffer =
+                MakeDeviceBuffer(dtype, std::move(shape), memory_handle, offset,
+                                 event_handle, std::move(pci_bus_id));
             py::gil_scoped_release release;
-            return baton::PyOperation{
+            return PyOperation{
                 Check(s.BroadcastAsync(name, buffer, root_rank))};
           },
           py::arg("name"), py::arg("dtype"), py::arg("shape"),
@@ -297,13 +299,13 @@ PYBIND11_MODULE(_baton, m) {
           "Starts the broadcast of a CUDA tensor in place in its buffer.")
       .def(
           "poll",
-          [](const Session& s, const baton::PyOperation& op) {
+          [](const Session& s, const PyOperation& op) {
             return s.Poll(op.handle);
           },
           py::arg("operation"))
       .def(
           "synchronize",
-          [](Session& s, const baton::PyOperation& op, double timeout) {
+          [](Session& s, const PyOperation& op, double timeout) {
             py::gil_scoped_release release;
             Check(s.Synchronize(op.handle, Millis(timeout)));
           },

@@ -12,7 +12,7 @@
 #include "common/ids.h"
 #include "coordinator/agent_channel.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 using SessionStream =
@@ -229,4 +229,4 @@ AgentSessionService::AgentSession(grpc::CallbackServerContext* /*context*/) {
   return new Reactor(this, id);
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -9,7 +9,7 @@
 #include "coordinator/control_loop.h"
 #include "coordinator/coordinator.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // The gRPC edge of the agent sessions: one reactor per AgentSession stream
 // that translates stream events into Coordinator calls posted to the control
@@ -46,4 +46,4 @@ class AgentSessionService final
   std::atomic<uint64_t> next_session_id_{1};
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

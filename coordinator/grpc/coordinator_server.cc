@@ -10,7 +10,7 @@
 #include "common/grpc_util.h"
 #include "coordinator/coordinator_metrics.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 CoordinatorServer::CoordinatorServer(const CoordinatorOptions& options,
                                      Clock* clock)
@@ -87,4 +87,4 @@ void CoordinatorServer::Shutdown(absl::Duration grace,
   loop_.RunUntilIdle();
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -17,7 +17,7 @@
 #include "coordinator/grpc/rendezvous_service.h"
 #include "coordinator/grpc/status_service.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // A running coordinator: the Coordinator, the control loop thread that owns
 // it, and the gRPC server with the agent-session, rendezvous, status, health
@@ -73,4 +73,4 @@ class CoordinatorServer {
   bool shut_down_ = false;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -6,7 +6,7 @@
 
 #include "common/grpc_util.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // `request` and `response` stay valid until the reactor is finished, so the
 // posted tasks may keep pointers to them.
@@ -66,4 +66,4 @@ grpc::ServerUnaryReactor* RendezvousService::Add(
   return reactor;
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -6,7 +6,7 @@
 #include "coordinator/control_loop.h"
 #include "coordinator/coordinator.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // The gRPC edge of the rendezvous store: each call is posted to the control
 // loop, and the store's callback (which runs on the loop, possibly much later
@@ -34,4 +34,4 @@ class RendezvousService final : public v1::RendezvousStore::CallbackService {
   Coordinator* const coordinator_;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -4,7 +4,7 @@
 
 #include "common/grpc_util.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // `request` and `response` stay valid until the reactor is finished, so the
 // posted tasks may keep pointers to them.
@@ -75,4 +75,4 @@ grpc::ServerUnaryReactor* StatusService::GetTimeline(
   return reactor;
 }
 
-}  // namespace baton
+}  // namespace baton::coordinator

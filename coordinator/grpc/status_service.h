@@ -6,7 +6,7 @@
 #include "coordinator/control_loop.h"
 #include "coordinator/coordinator.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 // The gRPC edge of the status API: each call is answered on the control
 // loop, which owns the job state it reads.
@@ -42,4 +42,4 @@ class StatusService final : public v1::Status::CallbackService {
   Coordinator* const coordinator_;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

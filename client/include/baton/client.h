@@ -42,9 +42,10 @@ struct ClientOptions {
   static absl::StatusOr<ClientOptions> FromEnvironment();
 };
 
-namespace internal {
+// The library's internals (client/*.cc), not part of the API.
+namespace client {
 class CompletionRing;
-}  // namespace internal
+}  // namespace client
 
 // A pending collective. Thread-safe; completed exactly once, by the client's
 // threads or, on the shared-memory channel, by the thread that waits for it
@@ -65,7 +66,7 @@ class Handle {
 
   // Internal: the client creates and finishes handles.
   Handle(int32_t index, int64_t step,
-         std::shared_ptr<internal::CompletionRing> ring = nullptr);
+         std::shared_ptr<client::CompletionRing> ring = nullptr);
   ~Handle();
   void Finish(absl::Status status, int64_t generation);
 
@@ -75,7 +76,7 @@ class Handle {
   const int32_t index_;
   const int64_t step_;
   // The channel's completions, when the client has the channel.
-  const std::shared_ptr<internal::CompletionRing> ring_;
+  const std::shared_ptr<client::CompletionRing> ring_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool done_ = false;

@@ -8,7 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace baton {
+namespace baton::client {
 namespace {
 
 using ::testing::AllOf;
@@ -137,4 +137,4 @@ TEST(SameCudaBufferTest, ComparesEveryFieldButTheIndex) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::client

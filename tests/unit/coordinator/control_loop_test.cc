@@ -7,7 +7,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 TEST(ControlLoopTest, RunsTasksInPostOrderIncludingTasksTheyPost) {
@@ -106,4 +106,4 @@ TEST(ControlLoopTest, PostAfterStopIsDropped) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -14,7 +14,7 @@
 #include "coordinator/coordinator.h"
 #include "gtest/gtest.h"
 
-namespace baton {
+namespace baton::coordinator {
 
 class RecordingChannel : public AgentChannel {
  public:
@@ -146,4 +146,4 @@ class CoordinatorTest : public ::testing::Test {
   uint64_t next_session_ = 1;
 };
 
-}  // namespace baton
+}  // namespace baton::coordinator

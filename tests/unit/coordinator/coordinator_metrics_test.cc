@@ -18,7 +18,7 @@
 #include "tests/integration/metrics_scrape.h"
 #include "tests/unit/coordinator/coordinator_harness.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 using ::testing::IsEmpty;
@@ -146,4 +146,4 @@ TEST_F(CoordinatorMetricsTest, ScrapeOfAStuckLoopEndsEmptyAtItsTimeout) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::coordinator

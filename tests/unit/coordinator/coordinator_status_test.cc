@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator/coordinator_harness.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 using ::testing::ElementsAre;
@@ -201,4 +201,4 @@ TEST_F(CoordinatorStatusTest, ShutdownFinishesPendingTimelines) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::coordinator

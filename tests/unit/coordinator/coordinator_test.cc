@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "tests/unit/coordinator/coordinator_harness.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
@@ -514,4 +514,4 @@ TEST_F(CoordinatorTest, ShutdownTellsEveryAgentWithoutLosingNodes) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::coordinator

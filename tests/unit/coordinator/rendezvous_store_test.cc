@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 using ::testing::ElementsAre;
@@ -699,4 +699,4 @@ TEST(RendezvousStoreShutdownTest, DestructionAnswersWaitingGets) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 using ::testing::ElementsAre;
@@ -560,4 +560,4 @@ TEST(StepManagerScaleTest, FiveThousandNodesConvergeOnTheSlowestRank) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::coordinator

@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace baton {
+namespace baton::coordinator {
 namespace {
 
 using ::testing::ElementsAre;
@@ -948,4 +948,4 @@ TEST(TensorPlanManagerScaleTest, ManyNodesManyTensors) {
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::coordinator
