@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "agent/rendezvous_client.h"
 #include "agent/transport/gloo/gloo_transport.h"
 #include "agent/transport/tcp_transport.h"
@@ -48,10 +49,11 @@ const std::string& JobOf(const v1::CoordinatorMessage& m) {
 
 }  // namespace
 
-Agent::Agent(AgentConfig config, GpuSupport gpus)
+Agent::Agent(AgentConfig config, GpuSupport gpus, Clock* clock)
     : config_(std::move(config)),
       gpus_(std::move(gpus)),
-      metrics_(config_.metrics_retention) {}
+      clock_(clock),
+      metrics_(absl::FromChrono(config_.metrics_retention)) {}
 
 Agent::~Agent() { Shutdown(); }
 
@@ -61,12 +63,14 @@ absl::Status Agent::Start() {
     LOG(INFO) << "removed " << orphans
               << " shared memory objects left by a killed agent";
   }
+  GlooTransport::Options gloo;
+  gloo.clock = clock_;
   absl::StatusOr<std::unique_ptr<Transport>> transport =
       config_.data_transport == DataTransport::kGloo
           ? absl::StatusOr<std::unique_ptr<Transport>>(
-                GlooTransport::Create(config_.data_host))
+                GlooTransport::Create(config_.data_host, gloo))
           : absl::StatusOr<std::unique_ptr<Transport>>(
-                TcpTransport::Create(config_.data_host));
+                TcpTransport::Create(config_.data_host, clock_));
   if (!transport.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(transport.status().message(), ": fix --data_host"));
@@ -90,7 +94,7 @@ absl::Status Agent::Start() {
   };
   coordinator_ = std::make_unique<CoordinatorClient>(
       channel_, config_.node_name, RandomInstance(),
-      config_.reconnect_max_backoff, std::move(callbacks));
+      config_.reconnect_max_backoff, std::move(callbacks), clock_);
 
   trainer_service_ = std::make_unique<TrainerService>(
       [this](const std::string& job) { return FindOrCreateJob(job); });
@@ -128,7 +132,7 @@ absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
     const std::string& job) {
   absl::Status valid = ValidateIdentifier("AttachRequest.job", job);
   if (!valid.ok()) return valid;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (shutting_down_) {
     return absl::UnavailableError("the agent is shutting down");
   }
@@ -143,11 +147,14 @@ absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
   env.gpus = &gpus_;
   env.metrics = metrics_.ForJob(job);
   env.store_factory = [this](const std::string& name, int64_t generation) {
-    return std::make_shared<RendezvousClient>(channel_, name, generation);
+    RendezvousClient::Options options;
+    options.clock = clock_;
+    return std::make_shared<RendezvousClient>(channel_, name, generation,
+                                              options);
   };
   auto created_ptr = std::make_shared<const AgentJob*>(nullptr);
   env.on_done = [this, created_ptr, job] {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     done_.emplace_back(job, *created_ptr);
   };
   auto created = std::make_shared<AgentJob>(job, std::move(env));
@@ -157,7 +164,7 @@ absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
 }
 
 std::vector<std::shared_ptr<AgentJob>> Agent::Jobs() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<AgentJob>> jobs;
   for (auto& [name, job] : jobs_) jobs.push_back(job);
   return jobs;
@@ -167,7 +174,7 @@ void Agent::RouteMessage(const v1::CoordinatorMessage& message) {
   const std::string& name = JobOf(message);
   std::shared_ptr<AgentJob> job;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = jobs_.find(name);
     if (it != jobs_.end()) job = it->second;
   }
@@ -195,7 +202,7 @@ void Agent::RouteMessage(const v1::CoordinatorMessage& message) {
 void Agent::ReapJobs() {
   std::vector<std::shared_ptr<AgentJob>> reaped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const auto& [name, job] : done_) {
       // Only if the name still maps to that job: a newer job of the same
       // name may have replaced it, and then `job` may be destroyed already
@@ -214,13 +221,13 @@ void Agent::ReapJobs() {
               << "ended on this node";
   }
   reaped.clear();
-  metrics_.RemoveIdle(std::chrono::steady_clock::now());
+  metrics_.RemoveIdle(clock_->Now());
 }
 
 void Agent::Shutdown() {
   std::vector<std::shared_ptr<AgentJob>> jobs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
     for (auto& [name, job] : jobs_) jobs.push_back(std::move(job));
@@ -232,9 +239,9 @@ void Agent::Shutdown() {
   // handler still sending to a coordinator that stopped reading (it died)
   // is released by the cancel instead of holding the server's shutdown.
   if (coordinator_) coordinator_->Stop();
-  if (server_)
-    server_->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::seconds(2));
+  if (server_) {
+    server_->Shutdown(absl::ToChronoTime(clock_->Now() + absl::Seconds(2)));
+  }
   unlink(config_.socket_path.c_str());
 }
 

@@ -1,19 +1,20 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/agent_config.h"
 #include "agent/agent_job.h"
 #include "agent/agent_metrics.h"
 #include "agent/coordinator_client.h"
 #include "agent/trainer_service.h"
 #include "agent/transport/transport.h"
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "grpcpp/grpcpp.h"
 
@@ -25,7 +26,10 @@ namespace baton::agent {
 class Agent {
  public:
   // `gpus`: the GPUs this node drives for CUDA tensors (none by default).
-  explicit Agent(AgentConfig config, GpuSupport gpus = {});
+  // `clock` times the coordinator session, the rendezvous and the data
+  // plane's transport; it must outlive the agent.
+  explicit Agent(AgentConfig config, GpuSupport gpus = {},
+                 Clock* clock = Clock::Real());
   ~Agent();
 
   // Removes orphaned shared memory, connects to the coordinator and starts
@@ -34,10 +38,10 @@ class Agent {
   absl::Status Start();
   // Ends every job (trainers see CANCELLED), closes the socket and the
   // session.
-  void Shutdown();
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
   // Destroys jobs that ended, and removes the metrics of jobs that ended
   // longer than metrics_retention ago; call periodically.
-  void ReapJobs();
+  void ReapJobs() ABSL_LOCKS_EXCLUDED(mu_);
   // Serves the agent's Prometheus metrics on `listen_address` ("host:port";
   // port 0 picks a free port). Call at most once, from the thread that
   // calls Start. Returns the endpoint's URL; UNAVAILABLE when the address
@@ -47,12 +51,14 @@ class Agent {
 
  private:
   absl::StatusOr<std::shared_ptr<AgentJob>> FindOrCreateJob(
-      const std::string& job);
-  void RouteMessage(const v1::CoordinatorMessage& message);
-  std::vector<std::shared_ptr<AgentJob>> Jobs();
+      const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
+  void RouteMessage(const v1::CoordinatorMessage& message)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::shared_ptr<AgentJob>> Jobs() ABSL_LOCKS_EXCLUDED(mu_);
 
   const AgentConfig config_;
   const GpuSupport gpus_;
+  Clock* const clock_;
   AgentMetrics metrics_;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
   std::unique_ptr<Transport> transport_;
@@ -61,7 +67,7 @@ class Agent {
   std::unique_ptr<TrainerService> trainer_service_;
   std::unique_ptr<grpc::Server> server_;
 
-  std::mutex mu_;
+  absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<AgentJob>> jobs_
       ABSL_GUARDED_BY(mu_);
   // Jobs that ended, to destroy in ReapJobs.

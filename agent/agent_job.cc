@@ -60,7 +60,7 @@ AgentJob::AgentJob(std::string name, Environment env)
 
 AgentJob::~AgentJob() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
   doorbell_->Ring();
@@ -87,7 +87,7 @@ AgentJob::~AgentJob() {
 
 void AgentJob::Post(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stop_) return;
     tasks_.push_back(std::move(task));
   }
@@ -101,7 +101,7 @@ void AgentJob::Loop() {
     const uint32_t seen = doorbell_->Snapshot();
     std::deque<std::function<void()>> tasks;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stop_) break;
       tasks.swap(tasks_);
     }

@@ -2,13 +2,11 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -18,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/agent_config.h"
 #include "agent/agent_metrics.h"
 #include "agent/scheduler/scheduler.h"
@@ -116,10 +115,11 @@ class AgentJob {
     SharedMemory memory;
     TrainerChannel* channel = nullptr;
     // One producer of completions at a time.
-    std::mutex completions_mu;
+    absl::Mutex completions_mu;
     // Pushes `entry` and rings the trainer's bell; false when the ring is
     // full (then the completion goes over the stream).
-    bool Complete(const ChannelEntry& entry);
+    bool Complete(const ChannelEntry& entry)
+        ABSL_LOCKS_EXCLUDED(completions_mu);
   };
   struct Trainer {
     std::shared_ptr<TrainerSink> sink;
@@ -287,7 +287,7 @@ class AgentJob {
   // Fallback when the doorbell could not be created.
   Doorbell local_doorbell_;
 
-  std::mutex mu_;
+  absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
@@ -328,7 +328,7 @@ class AgentJob {
     ChannelEntry entry = {};
     v1::TrainerEvent completion;
   };
-  std::mutex deliveries_mu_;
+  absl::Mutex deliveries_mu_;
   absl::flat_hash_map<uint64_t, Delivery> deliveries_
       ABSL_GUARDED_BY(deliveries_mu_);
   // Told of a success by OpDone, OnOpDone not run yet: when they finished.

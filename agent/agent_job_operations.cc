@@ -281,7 +281,7 @@ void AgentJob::TrySubmit(PendingOp& pending) {
 }
 
 bool AgentJob::ChannelMapping::Complete(const ChannelEntry& entry) {
-  std::lock_guard<std::mutex> lock(completions_mu);
+  absl::MutexLock lock(&completions_mu);
   if (!channel->completions.Push(entry)) return false;
   channel->completion_bell.Ring();
   return true;
@@ -305,17 +305,17 @@ void AgentJob::PrepareDelivery(const PendingOp& pending) {
   c->set_tensor(tensors_[pending.index]->spec.name());
   c->set_step(pending.step);
   c->set_generation(pending.generation);
-  std::lock_guard<std::mutex> lock(deliveries_mu_);
+  absl::MutexLock lock(&deliveries_mu_);
   deliveries_[pending.id] = std::move(delivery);
 }
 
 bool AgentJob::TakeDelivery(uint64_t id) {
-  std::lock_guard<std::mutex> lock(deliveries_mu_);
+  absl::MutexLock lock(&deliveries_mu_);
   return deliveries_.erase(id) > 0;
 }
 
 void AgentJob::DropDeliveries(int32_t rank) {
-  std::lock_guard<std::mutex> lock(deliveries_mu_);
+  absl::MutexLock lock(&deliveries_mu_);
   for (auto& [id, delivery] : deliveries_) {
     auto& targets = delivery.targets;
     targets.erase(std::remove_if(targets.begin(), targets.end(),
@@ -330,7 +330,7 @@ void AgentJob::OpDone(uint64_t id, absl::Status status) {
   if (status.ok()) {
     Delivery delivery;
     {
-      std::lock_guard<std::mutex> lock(deliveries_mu_);
+      absl::MutexLock lock(&deliveries_mu_);
       auto it = deliveries_.find(id);
       if (it != deliveries_.end()) {
         delivery = std::move(it->second);
@@ -360,7 +360,7 @@ void AgentJob::RetireFinished(int32_t index) {
   }
   const uint64_t id = op_of_tensor_[index];
   {
-    std::lock_guard<std::mutex> lock(deliveries_mu_);
+    absl::MutexLock lock(&deliveries_mu_);
     if (!finished_.contains(id)) return;
   }
   OnOpDone(id, absl::OkStatus());
@@ -382,7 +382,7 @@ void AgentJob::SubmitWaiting() {
 void AgentJob::OnOpDone(uint64_t id, absl::Status status) {
   std::optional<Clock::time_point> finished;
   {
-    std::lock_guard<std::mutex> lock(deliveries_mu_);
+    absl::MutexLock lock(&deliveries_mu_);
     // A failure leaves its delivery record: FinishOp takes it.
     auto it = finished_.find(id);
     if (it != finished_.end()) {

@@ -7,8 +7,6 @@
 namespace baton::agent {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // Enqueue-to-completion latency buckets, in seconds: from a small tensor on
 // one node (~100 us) to a collective near --op_timeout_ms.
 const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
@@ -47,10 +45,11 @@ JobMetrics::JobMetrics(std::string job,
       trainers_(families_->trainers.Add({{kJobLabel, job_}})) {}
 
 void JobMetrics::OperationCompleted(const std::string& tensor,
-                                    Clock::duration latency, int64_t bytes) {
+                                    std::chrono::steady_clock::duration latency,
+                                    int64_t bytes) {
   prometheus::Histogram* histogram = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     prometheus::Histogram*& slot = latency_[tensor];
     if (slot == nullptr) {
       slot = &families_->latency.Add({{kJobLabel, job_}, {"tensor", tensor}},
@@ -76,7 +75,7 @@ void JobMetrics::SetDataPlane(int64_t queue_depth,
 void JobMetrics::SetTrainersAttached(int trainers) { trainers_.Set(trainers); }
 
 void JobMetrics::Remove() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& [tensor, histogram] : latency_) {
     families_->latency.Remove(histogram);
   }
@@ -128,7 +127,7 @@ std::shared_ptr<const JobMetrics::Families> AgentMetrics::NewFamilies() {
   });
 }
 
-AgentMetrics::AgentMetrics(Clock::duration retention)
+AgentMetrics::AgentMetrics(absl::Duration retention)
     : retention_(retention), families_(NewFamilies()) {}
 
 std::shared_ptr<prometheus::Registry> AgentMetrics::registry() const {
@@ -138,25 +137,25 @@ std::shared_ptr<prometheus::Registry> AgentMetrics::registry() const {
 AgentMetrics::~AgentMetrics() = default;
 
 std::shared_ptr<JobMetrics> AgentMetrics::ForJob(const std::string& job) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Entry& entry = jobs_[job];
   if (entry.metrics == nullptr) {
     entry.metrics = std::shared_ptr<JobMetrics>(new JobMetrics(job, families_));
   }
-  entry.idle_since = Clock::time_point::max();
+  entry.idle_since = absl::InfiniteFuture();
   return entry.metrics;
 }
 
-void AgentMetrics::RemoveIdle(Clock::time_point now) {
-  std::lock_guard<std::mutex> lock(mu_);
+void AgentMetrics::RemoveIdle(absl::Time now) {
+  absl::MutexLock lock(&mu_);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     Entry& entry = it->second;
     if (entry.metrics.use_count() > 1) {
-      entry.idle_since = Clock::time_point::max();
+      entry.idle_since = absl::InfiniteFuture();
       ++it;
       continue;
     }
-    if (entry.idle_since == Clock::time_point::max()) entry.idle_since = now;
+    if (entry.idle_since == absl::InfiniteFuture()) entry.idle_since = now;
     if (now - entry.idle_since < retention_) {
       ++it;
       continue;

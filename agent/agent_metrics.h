@@ -3,11 +3,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -30,7 +31,7 @@ class JobMetrics {
   // enqueue to its completion, `bytes` the tensor's size.
   void OperationCompleted(const std::string& tensor,
                           std::chrono::steady_clock::duration latency,
-                          int64_t bytes);
+                          int64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // An operation failed (its trainers were told why).
   void OperationFailed();
   // A trainer's enqueue was refused before it became an operation.
@@ -46,7 +47,7 @@ class JobMetrics {
 
   JobMetrics(std::string job, std::shared_ptr<const Families> families);
   // Takes this job's series out of the registry; nothing may use it after.
-  void Remove();
+  void Remove() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction. `families_` keeps the registry alive: an
   // AgentJob may outlive the Agent that created it.
@@ -60,7 +61,7 @@ class JobMetrics {
   prometheus::Gauge& credit_in_use_;
   prometheus::Gauge& trainers_;
 
-  std::mutex mu_;
+  absl::Mutex mu_;
   // By tensor name, created at the tensor's first completion.
   absl::flat_hash_map<std::string, prometheus::Histogram*> latency_
       ABSL_GUARDED_BY(mu_);
@@ -75,7 +76,7 @@ class JobMetrics {
 // Thread-safe.
 class AgentMetrics {
  public:
-  explicit AgentMetrics(std::chrono::steady_clock::duration retention);
+  explicit AgentMetrics(absl::Duration retention);
   ~AgentMetrics();
   AgentMetrics(const AgentMetrics&) = delete;
   AgentMetrics& operator=(const AgentMetrics&) = delete;
@@ -84,27 +85,28 @@ class AgentMetrics {
 
   // The series of `job`, created on first use. Hold the pointer while the
   // job runs: series are only removed while nobody holds them.
-  std::shared_ptr<JobMetrics> ForJob(const std::string& job);
+  std::shared_ptr<JobMetrics> ForJob(const std::string& job)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes the series of jobs that nobody held for `retention` up to
   // `now`. Call periodically.
-  void RemoveIdle(std::chrono::steady_clock::time_point now);
+  void RemoveIdle(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   static std::shared_ptr<const JobMetrics::Families> NewFamilies();
 
   struct Entry {
     std::shared_ptr<JobMetrics> metrics;
-    // When nobody but this map was first seen holding it; max(): held.
-    std::chrono::steady_clock::time_point idle_since =
-        std::chrono::steady_clock::time_point::max();
+    // When nobody but this map was first seen holding it; the infinite
+    // future: held.
+    absl::Time idle_since = absl::InfiniteFuture();
   };
 
   // Constant after construction.
-  const std::chrono::steady_clock::duration retention_;
+  const absl::Duration retention_;
   const std::shared_ptr<const JobMetrics::Families> families_;
 
-  std::mutex mu_;
+  absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);
 };
 

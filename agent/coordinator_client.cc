@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/thread_name.h"
 #include "glog/logging.h"
 
@@ -13,13 +13,14 @@ CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::Channel> channel,
                                      std::string node_name,
                                      std::string agent_instance,
                                      std::chrono::milliseconds max_backoff,
-                                     Callbacks callbacks)
+                                     Callbacks callbacks, Clock* clock)
     : channel_(std::move(channel)),
       stub_(v1::Coordinator::NewStub(channel_)),
       node_name_(std::move(node_name)),
       agent_instance_(std::move(agent_instance)),
       max_backoff_(max_backoff),
-      callbacks_(std::move(callbacks)) {}
+      callbacks_(std::move(callbacks)),
+      clock_(clock) {}
 
 CoordinatorClient::~CoordinatorClient() { Stop(); }
 
@@ -36,39 +37,38 @@ void CoordinatorClient::Start() {
 
 void CoordinatorClient::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stop_ && !reader_.joinable()) return;
     stop_ = true;
     if (context_ != nullptr) context_->TryCancel();
-    cv_.notify_all();
   }
   if (reader_.joinable()) reader_.join();
   if (heartbeat_.joinable()) heartbeat_.join();
 }
 
 bool CoordinatorClient::connected() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return stream_ != nullptr;
 }
 
 std::chrono::milliseconds CoordinatorClient::liveness_timeout() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return liveness_timeout_;
 }
 
 std::chrono::milliseconds CoordinatorClient::report_interval() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return report_interval_;
 }
 
 uint64_t CoordinatorClient::Send(v1::AgentMessage message) {
-  std::lock_guard<std::mutex> write_lock(write_mu_);
+  absl::MutexLock write_lock(&write_mu_);
   grpc::ClientReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>* stream;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     message.set_seq(++seq_);
     stream = stream_;
-    last_sent_ = std::chrono::steady_clock::now();
+    last_sent_ = clock_->Now();
   }
   if (stream == nullptr) {
     VLOG(1) << "coordinator session down; dropped " << message.body_case();
@@ -84,13 +84,13 @@ void CoordinatorClient::Run() {
   std::chrono::milliseconds backoff = kInitialBackoff / 2;
   while (true) {
     const SessionEnd end = RunSession();
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stop_) return;
     // After a session that worked, start over from a short wait.
     if (end.accepted) backoff = kInitialBackoff / 2;
     backoff = end.retry_after.count() > 0 ? end.retry_after
                                           : std::min(backoff * 2, max_backoff_);
-    cv_.wait_for(lock, backoff, [this] { return stop_; });
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::FromChrono(backoff));
     if (stop_) return;
   }
 }
@@ -98,7 +98,7 @@ void CoordinatorClient::Run() {
 CoordinatorClient::SessionEnd CoordinatorClient::RunSession() {
   grpc::ClientContext context;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stop_) return SessionEnd{};
     context_ = &context;
   }
@@ -115,7 +115,7 @@ CoordinatorClient::SessionEnd CoordinatorClient::RunSession() {
     const v1::SessionAccepted& a = message.session_accepted();
     bool restarted;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       restarted = !coordinator_instance_.empty() &&
                   coordinator_instance_ != a.coordinator_instance();
       coordinator_instance_ = a.coordinator_instance();
@@ -130,8 +130,7 @@ CoordinatorClient::SessionEnd CoordinatorClient::RunSession() {
         report_interval_ = std::chrono::milliseconds(a.report_interval_ms());
       }
       stream_ = stream.get();
-      last_sent_ = std::chrono::steady_clock::now();
-      cv_.notify_all();
+      last_sent_ = clock_->Now();
     }
     accepted = true;
     LOG(INFO) << "coordinator session " << a.session_id() << " accepted"
@@ -156,8 +155,8 @@ CoordinatorClient::SessionEnd CoordinatorClient::RunSession() {
   // would wait for it forever.
   context.TryCancel();
   {
-    std::lock_guard<std::mutex> write_lock(write_mu_);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock write_lock(&write_mu_);
+    absl::MutexLock lock(&mu_);
     stream_ = nullptr;
     context_ = nullptr;
   }
@@ -172,23 +171,26 @@ CoordinatorClient::SessionEnd CoordinatorClient::RunSession() {
 }
 
 void CoordinatorClient::HeartbeatLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    const auto due = last_sent_ + heartbeat_interval_;
-    if (stream_ != nullptr && std::chrono::steady_clock::now() >= due) {
-      lock.unlock();
-      v1::AgentMessage message;
-      message.mutable_heartbeat()->set_sent_unix_us(
-          absl::ToUnixMicros(absl::Now()));
-      Send(std::move(message));
-      lock.lock();
-      continue;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      const absl::Duration interval = absl::FromChrono(heartbeat_interval_);
+      const absl::Duration since = clock_->Now() - last_sent_;
+      if (stream_ == nullptr || since < interval) {
+        // Clock is the wall clock: the wait is bounded by the interval
+        // whatever a step of the system clock does to `since`.
+        const absl::Duration wait = stream_ == nullptr
+                                        ? interval
+                                        : std::min(interval - since, interval);
+        mu_.AwaitWithTimeout(absl::Condition(&stop_), wait);
+        continue;
+      }
     }
-    cv_.wait_until(lock,
-                   stream_ != nullptr
-                       ? due
-                       : std::chrono::steady_clock::now() + heartbeat_interval_,
-                   [this] { return stop_; });
+    v1::AgentMessage message;
+    message.mutable_heartbeat()->set_sent_unix_us(
+        absl::ToUnixMicros(clock_->Now()));
+    Send(std::move(message));
   }
 }
 

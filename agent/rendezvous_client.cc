@@ -1,24 +1,25 @@
 #include "agent/rendezvous_client.h"
 
 #include <algorithm>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/grpc_util.h"
 
 namespace baton::agent {
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // Rounded up: a wait that asks for the time left never ends before the
 // deadline.
-milliseconds Until(SteadyClock::time_point deadline) {
-  return std::max(milliseconds(0), std::chrono::ceil<milliseconds>(
-                                       deadline - SteadyClock::now()));
+milliseconds Until(const Deadline& deadline) {
+  return std::max(milliseconds(0),
+                  absl::ToChronoMilliseconds(
+                      absl::Ceil(deadline.Left(), absl::Milliseconds(1))));
 }
 
 // Retries UNAVAILABLE with exponential backoff until `deadline`.
@@ -29,10 +30,10 @@ class Backoff {
 
   // Sleeps before the next attempt, at most until `deadline` (so the last
   // attempt is made at the deadline); false once the deadline has passed.
-  bool Wait(SteadyClock::time_point deadline) {
-    const SteadyClock::time_point now = SteadyClock::now();
-    if (now >= deadline) return false;
-    std::this_thread::sleep_until(std::min(now + next_, deadline));
+  bool Wait(const Deadline& deadline) {
+    const absl::Duration left = deadline.Left();
+    if (left <= absl::ZeroDuration()) return false;
+    absl::SleepFor(std::min(absl::FromChrono(next_), left));
     next_ = std::min(next_ * 2, max_);
     return true;
   }
@@ -74,13 +75,13 @@ absl::Status RendezvousClient::Set(const std::string& key,
   request.mutable_scope()->set_generation(generation_);
   request.set_key(key);
   request.set_value(value);
-  const SteadyClock::time_point deadline =
-      SteadyClock::now() + options_.set_timeout;
+  Clock& clock = *options_.clock;
+  const Deadline deadline(clock, absl::FromChrono(options_.set_timeout));
   Backoff backoff(options_.initial_backoff, options_.max_backoff);
   for (;;) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         options_.rpc_margin);
+    context.set_deadline(absl::ToChronoTime(
+        clock.Now() + absl::FromChrono(options_.rpc_margin)));
     v1::StoreSetResponse response;
     const absl::Status status =
         FromGrpcStatus(stub_->Set(&context, request, &response));
@@ -103,15 +104,16 @@ absl::StatusOr<std::vector<std::string>> RendezvousClient::Get(
   request.mutable_scope()->set_job(job_);
   request.mutable_scope()->set_generation(generation_);
   for (const std::string& key : keys) request.add_keys(key);
-  const SteadyClock::time_point deadline = SteadyClock::now() + timeout;
+  Clock& clock = *options_.clock;
+  const Deadline deadline(clock, absl::FromChrono(timeout));
   Backoff backoff(options_.initial_backoff, options_.max_backoff);
   for (;;) {
     const milliseconds wait = std::min(Until(deadline), kMaxServerWait);
     request.set_wait_timeout_ms(wait.count());
     grpc::ClientContext context;
-    const auto rpc_deadline =
-        std::chrono::system_clock::now() + wait + options_.rpc_margin;
-    context.set_deadline(rpc_deadline);
+    const absl::Time rpc_deadline =
+        clock.Now() + absl::FromChrono(wait + options_.rpc_margin);
+    context.set_deadline(absl::ToChronoTime(rpc_deadline));
     v1::StoreGetResponse response;
     const absl::Status status =
         FromGrpcStatus(stub_->Get(&context, request, &response));
@@ -130,7 +132,7 @@ absl::StatusOr<std::vector<std::string>> RendezvousClient::Get(
         // The server's wait ended with time left (a slice of a longer
         // wait): ask again. Otherwise its answer names the missing keys.
         if (Until(deadline) > milliseconds(0)) continue;
-        if (std::chrono::system_clock::now() >= rpc_deadline) {
+        if (clock.Now() >= rpc_deadline) {
           return absl::DeadlineExceededError(absl::StrCat(
               DescribeGet(keys), ": no answer from the coordinator within ",
               (wait + options_.rpc_margin).count(), " ms"));

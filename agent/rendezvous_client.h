@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "agent/transport/key_value_store.h"
 #include "baton/v1/rendezvous.grpc.pb.h"
+#include "common/clock.h"
 
 namespace baton::agent {
 
@@ -41,6 +42,9 @@ class RendezvousClient : public KeyValueStore {
     // Backoff between retries of UNAVAILABLE: doubles from initial to max.
     std::chrono::milliseconds initial_backoff{50};
     std::chrono::milliseconds max_backoff{2000};
+    // Measures every timeout, and gives the RPCs' deadlines (so a fake one
+    // must read close to the real time); must outlive the client.
+    Clock* clock = Clock::Real();
   };
 
   // The coordinator's cap on StoreGetRequest.wait_timeout_ms.

@@ -1,9 +1,10 @@
 #include "agent/trainer_service.h"
 
 #include <deque>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/agent_job.h"
 #include "agent/links.h"
 #include "common/grpc_util.h"
@@ -19,16 +20,16 @@ class TrainerReactor;
 class StreamSink final : public TrainerSink {
  public:
   explicit StreamSink(TrainerReactor* reactor) : reactor_(reactor) {}
-  void Send(v1::TrainerEvent event) override;
-  void Close(absl::Status status) override;
-  void Detach() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Send(v1::TrainerEvent event) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Close(absl::Status status) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Detach() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     reactor_ = nullptr;
   }
 
  private:
-  std::mutex mu_;
-  TrainerReactor* reactor_;
+  absl::Mutex mu_;
+  TrainerReactor* reactor_ ABSL_GUARDED_BY(mu_);
 };
 
 class TrainerReactor final
@@ -39,8 +40,8 @@ class TrainerReactor final
     StartRead(&request_);
   }
 
-  void Send(v1::TrainerEvent event) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Send(v1::TrainerEvent event) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     if (finished_) return;
     outbox_.push_back(std::move(event));
     if (!writing_) {
@@ -49,8 +50,8 @@ class TrainerReactor final
     }
   }
 
-  void Close(absl::Status status) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Close(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     if (closing_ || finished_) return;
     closing_ = true;
     close_status_ = ToGrpcStatus(status);
@@ -68,8 +69,8 @@ class TrainerReactor final
     StartRead(&request_);
   }
 
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     outbox_.pop_front();
     if (!ok) {
       outbox_.clear();
@@ -94,7 +95,7 @@ class TrainerReactor final
   }
 
  private:
-  void FinishLocked() {
+  void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finished_ = true;
     Finish(close_status_);
   }
@@ -147,21 +148,21 @@ class TrainerReactor final
   std::shared_ptr<AgentJob> job_;
   bool detached_ = false;
 
-  std::mutex mu_;
-  std::deque<v1::TrainerEvent> outbox_;
-  bool writing_ = false;
-  bool closing_ = false;
-  bool finished_ = false;
-  grpc::Status close_status_;
+  absl::Mutex mu_;
+  std::deque<v1::TrainerEvent> outbox_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
 };
 
 void StreamSink::Send(v1::TrainerEvent event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (reactor_ != nullptr) reactor_->Send(std::move(event));
 }
 
 void StreamSink::Close(absl::Status status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (reactor_ != nullptr) reactor_->Close(std::move(status));
 }
 

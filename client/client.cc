@@ -9,8 +9,11 @@
 #include <thread>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "baton/v1/trainer.grpc.pb.h"
 #include "client/declaration.h"
 #include "common/shm.h"
@@ -56,7 +59,30 @@ absl::Status AgentUnreachable(const std::string& socket,
                    ": is baton-agent running there (BATON_AGENT_SOCKET)?"));
 }
 
+// Waits with `mu` held until `cond` holds (true) or `deadline` passes
+// (false). absl::Mutex times its waits on the wall clock, which can be
+// slewed: a wait that ends before the deadline on the steady clock waits
+// again for the rest, so no timeout ends early.
+bool AwaitUntil(absl::Mutex& mu, const absl::Condition& cond,
+                std::chrono::steady_clock::time_point deadline)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  while (!cond.Eval()) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) return false;
+    mu.AwaitWithTimeout(cond, absl::FromChrono(left));
+  }
+  return true;
+}
+
+// AwaitUntil `timeout` from now.
+bool AwaitFor(absl::Mutex& mu, const absl::Condition& cond,
+              std::chrono::milliseconds timeout)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  return AwaitUntil(mu, cond, std::chrono::steady_clock::now() + timeout);
+}
+
 }  // namespace
+
 
 // The consumer side of the trainer channel's completion ring. The client's
 // completer thread drains it while nobody waits; a thread in Handle::Wait
@@ -74,16 +100,18 @@ class CompletionRing {
 
   // Finishes the handles of every completion in the ring now, unless
   // another thread is at it.
-  void TryDrain() {
-    std::unique_lock<std::mutex> lock(drain_mu_, std::try_to_lock);
-    if (lock.owns_lock() && !closed_) DrainLocked();
+  void TryDrain() ABSL_LOCKS_EXCLUDED(drain_mu_) {
+    if (!drain_mu_.TryLock()) return;
+    if (!closed_) DrainLocked();
+    drain_mu_.Unlock();
   }
 
   // Drains as completions arrive until `done()`, `deadline`, or Close().
   void Await(const std::function<bool()>& done,
-             std::chrono::steady_clock::time_point deadline) {
+             std::chrono::steady_clock::time_point deadline)
+      ABSL_LOCKS_EXCLUDED(mu_, drain_mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       ++waiters_;
     }
     while (!done()) {
@@ -98,19 +126,20 @@ class CompletionRing {
                         deadline - now),
                     kLongestSleep));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     // The completer looks again within kLongestSleep by itself: waking it
     // after every Wait would cost a thread wake-up per operation.
-    if (--waiters_ == 0 && stopping_) cv_.notify_all();
+    if (--waiters_ == 0 && stopping_) cv_.SignalAll();
   }
 
   // The completer thread: drains while no thread waits, until Close().
-  void Serve() {
+  void Serve() ABSL_LOCKS_EXCLUDED(mu_, drain_mu_) {
     while (true) {
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_for(lock, kLongestSleep,
-                     [this] { return waiters_ == 0 || stopping_; });
+        absl::MutexLock lock(&mu_);
+        if (waiters_ > 0 && !stopping_) {
+          cv_.WaitWithTimeout(&mu_, absl::FromChrono(kLongestSleep));
+        }
         if (stopping_) return;
         if (waiters_ > 0) continue;
       }
@@ -126,16 +155,16 @@ class CompletionRing {
 
   // Before the channel is unmapped: nobody touches it after this returns
   // (pending handles must be finished already, so waiters leave).
-  void Close() {
+  void Close() ABSL_LOCKS_EXCLUDED(mu_, drain_mu_) {
     {
-      std::lock_guard<std::mutex> lock(drain_mu_);
+      absl::MutexLock lock(&drain_mu_);
       closed_ = true;
     }
     channel_->completion_bell.Ring();
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
-    cv_.notify_all();
-    cv_.wait(lock, [this] { return waiters_ == 0; });
+    cv_.SignalAll();
+    while (waiters_ > 0) cv_.Wait(&mu_);
   }
 
  private:
@@ -144,15 +173,15 @@ class CompletionRing {
 
   // Drains, with `*seen` the bell's value from before: a completion pushed
   // after the drain rings past it. False once closed.
-  bool Drain(uint32_t* seen) {
-    std::lock_guard<std::mutex> lock(drain_mu_);
+  bool Drain(uint32_t* seen) ABSL_LOCKS_EXCLUDED(drain_mu_) {
+    absl::MutexLock lock(&drain_mu_);
     if (closed_) return false;
     *seen = channel_->completion_bell.Snapshot();
     DrainLocked();
     return true;
   }
 
-  void DrainLocked() {
+  void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(drain_mu_) {
     ChannelEntry entry;
     while (channel_->completions.Pop(&entry)) {
       std::shared_ptr<Handle> handle = take_(entry.index, entry.step);
@@ -162,12 +191,15 @@ class CompletionRing {
 
   TrainerChannel* const channel_;
   const Take take_;
-  std::mutex drain_mu_;
-  bool closed_ = false;  // guarded by drain_mu_
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int waiters_ = 0;        // guarded by mu_
-  bool stopping_ = false;  // guarded by mu_
+  absl::Mutex drain_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  bool closed_ ABSL_GUARDED_BY(drain_mu_) = false;
+  absl::Mutex mu_;
+  // Signalled only when Close() may return, not when waiters_ drops to 0
+  // (why a CondVar and not Mutex::Await, which would wake the completer each
+  // time the last waiter leaves).
+  absl::CondVar cv_;
+  int waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace baton::client
@@ -175,6 +207,8 @@ class CompletionRing {
 namespace baton {
 
 using client::AgentUnreachable;
+using client::AwaitFor;
+using client::AwaitUntil;
 using client::CheckDeclaration;
 using client::CompletionRing;
 using client::IntFromEnv;
@@ -220,7 +254,7 @@ Handle::Handle(int32_t index, int64_t step,
 Handle::~Handle() = default;
 
 bool Handle::Done() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return done_;
 }
 
@@ -232,8 +266,8 @@ bool Handle::Poll() const {
 absl::Status Handle::Wait(std::chrono::milliseconds timeout) const {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   if (ring_ != nullptr) ring_->Await([this] { return Done(); }, deadline);
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_until(lock, deadline, [this] { return done_; })) {
+  absl::MutexLock lock(&mu_);
+  if (!AwaitUntil(mu_, absl::Condition(&done_), deadline)) {
     return absl::DeadlineExceededError(
         absl::StrCat("tensor #", index_, " step ", step_,
                      " did not complete within ", timeout.count(), " ms"));
@@ -242,17 +276,16 @@ absl::Status Handle::Wait(std::chrono::milliseconds timeout) const {
 }
 
 int64_t Handle::generation() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return generation_;
 }
 
 void Handle::Finish(absl::Status status, int64_t generation) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (done_) return;
   done_ = true;
   status_ = std::move(status);
   generation_ = generation;
-  cv_.notify_all();
 }
 
 class Client::Impl {
@@ -281,9 +314,11 @@ class Client::Impl {
       SetThreadName("baton-reader");
       ReadLoop();
     });
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, options.attach_timeout,
-                      [this] { return attached_ || !stream_status_.ok(); })) {
+    absl::MutexLock lock(&mu_);
+    const auto formed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return attached_ || !stream_status_.ok();
+    };
+    if (!AwaitFor(mu_, absl::Condition(&formed), options.attach_timeout)) {
       return absl::DeadlineExceededError(
           absl::StrCat("job \"", options.job, "\" was not formed within ",
                        options.attach_timeout.count(),
@@ -301,8 +336,9 @@ class Client::Impl {
     if (completer_.joinable()) completer_.join();
   }
 
-  // Maps the agent's shared-memory fast path, once. Called with mu_ held.
-  void MapChannel(const v1::Attached& attached) {
+  // Maps the agent's shared-memory fast path, once.
+  void MapChannel(const v1::Attached& attached)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!shm_channel_wanted_ || trainer_channel_ != nullptr ||
         attached.channel_shm_name().empty()) {
       return;
@@ -324,14 +360,8 @@ class Client::Impl {
     trainer_channel_ =
         reinterpret_cast<TrainerChannel*>(channel_memory_.data());
     completions_ = std::make_shared<CompletionRing>(
-        trainer_channel_,
-        [this](int32_t index, int64_t step) -> std::shared_ptr<Handle> {
-          std::lock_guard<std::mutex> lock(mu_);
-          auto it = handles_.find({index, step});
-          if (it == handles_.end()) return nullptr;
-          std::shared_ptr<Handle> handle = std::move(it->second);
-          handles_.erase(it);
-          return handle;
+        trainer_channel_, [this](int32_t index, int64_t step) {
+          return TakeHandle(index, step);
         });
     completer_ = std::thread([this] {
       SetThreadName("baton-complete");
@@ -339,24 +369,34 @@ class Client::Impl {
     });
   }
 
-  bool Write(v1::TrainerRequest& request) {
-    std::lock_guard<std::mutex> lock(write_mu_);
+  // The pending handle of (index, step), removed; null when there is none.
+  std::shared_ptr<Handle> TakeHandle(int32_t index, int64_t step)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto it = handles_.find({index, step});
+    if (it == handles_.end()) return nullptr;
+    std::shared_ptr<Handle> handle = std::move(it->second);
+    handles_.erase(it);
+    return handle;
+  }
+
+  bool Write(v1::TrainerRequest& request) ABSL_LOCKS_EXCLUDED(write_mu_) {
+    absl::MutexLock lock(&write_mu_);
     request.set_seq(++seq_);
     return stream_->Write(request);
   }
 
-  void ReadLoop() {
+  void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_) {
     v1::TrainerEvent event;
     while (stream_->Read(&event)) Dispatch(event);
     const grpc::Status status = stream_->Finish();
     absl::Status lost;
     std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Handle>> handles;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       lost = SessionEnded(status);
       stream_status_ = lost;
       handles.swap(handles_);
-      cv_.notify_all();
     }
     for (auto& [key, handle] : handles) handle->Finish(lost, 0);
     if (completions_ != nullptr) completions_->Wake();
@@ -365,8 +405,8 @@ class Client::Impl {
   // What every call still waiting on the session gets once the stream
   // ended. A killed agent, or none at the socket, ends it with UNAVAILABLE
   // in gRPC's words ("Socket closed"): name the agent and what to do.
-  // Called with mu_ held.
-  absl::Status SessionEnded(const grpc::Status& status) const {
+  absl::Status SessionEnded(const grpc::Status& status) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (status.ok()) {
       return absl::UnavailableError("the agent ended this trainer's session");
     }
@@ -378,57 +418,57 @@ class Client::Impl {
                      : AgentUnreachable(socket_, status.error_message());
   }
 
-  void Dispatch(const v1::TrainerEvent& event) {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Dispatch(const v1::TrainerEvent& event) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (event.has_completion() || event.has_failed()) {
+      Complete(event);
+      return;
+    }
+    absl::MutexLock lock(&mu_);
     switch (event.body_case()) {
       case v1::TrainerEvent::kAttached:
         attached_ = true;
         info_ = event.attached();
         MapChannel(info_);
-        cv_.notify_all();
         break;
       case v1::TrainerEvent::kDeclared:
       case v1::TrainerEvent::kError:
         replies_[event.reply_to()] = event;
-        cv_.notify_all();
         break;
-      case v1::TrainerEvent::kCompletion:
-      case v1::TrainerEvent::kFailed: {
-        const bool ok = event.has_completion();
-        const int32_t index =
-            ok ? event.completion().index() : event.failed().index();
-        const int64_t step =
-            ok ? event.completion().step() : event.failed().step();
-        auto it = handles_.find({index, step});
-        if (it == handles_.end()) break;
-        std::shared_ptr<Handle> handle = std::move(it->second);
-        handles_.erase(it);
-        lock.unlock();
-        if (ok) {
-          handle->Finish(absl::OkStatus(), event.completion().generation());
-        } else {
-          handle->Finish(
-              absl::Status(static_cast<absl::StatusCode>(event.failed().code()),
-                           event.failed().message()),
-              event.failed().generation());
-        }
-        // A waiter may be asleep on the channel's bell.
-        if (completions_ != nullptr) completions_->Wake();
-        break;
-      }
       default:
         break;
     }
   }
 
-  absl::StatusOr<v1::TrainerEvent> Call(v1::TrainerRequest& request) {
+  // A completion or a failure: finishes its handle, if still pending.
+  void Complete(const v1::TrainerEvent& event) ABSL_LOCKS_EXCLUDED(mu_) {
+    const bool ok = event.has_completion();
+    std::shared_ptr<Handle> handle =
+        ok ? TakeHandle(event.completion().index(), event.completion().step())
+           : TakeHandle(event.failed().index(), event.failed().step());
+    if (handle == nullptr) return;
+    if (ok) {
+      handle->Finish(absl::OkStatus(), event.completion().generation());
+    } else {
+      handle->Finish(
+          absl::Status(static_cast<absl::StatusCode>(event.failed().code()),
+                       event.failed().message()),
+          event.failed().generation());
+    }
+    // A waiter may be asleep on the channel's bell.
+    if (completions_ != nullptr) completions_->Wake();
+  }
+
+  absl::StatusOr<v1::TrainerEvent> Call(v1::TrainerRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     if (!Write(request)) {
       return SessionClosed(socket_);
     }
     const uint64_t seq = request.seq();
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock,
-             [&] { return replies_.count(seq) > 0 || !stream_status_.ok(); });
+    absl::MutexLock lock(&mu_);
+    const auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return replies_.count(seq) > 0 || !stream_status_.ok();
+    };
+    mu_.Await(absl::Condition(&answered));
     auto it = replies_.find(seq);
     if (it == replies_.end()) return stream_status_;
     v1::TrainerEvent reply = std::move(it->second);
@@ -438,10 +478,11 @@ class Client::Impl {
 
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(const Tensor& tensor,
                                                   int64_t step, bool average,
-                                                  int32_t root) {
+                                                  int32_t root)
+      ABSL_LOCKS_EXCLUDED(mu_, write_mu_) {
     auto handle = std::make_shared<Handle>(tensor.index(), step, completions_);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (!stream_status_.ok()) return stream_status_;
       if (!handles_.emplace(std::make_pair(tensor.index(), step), handle)
                .second) {
@@ -456,7 +497,7 @@ class Client::Impl {
       {
         // One producer at a time; a full ring (1024 operations outstanding)
         // drains as the agent catches up.
-        std::lock_guard<std::mutex> lock(write_mu_);
+        absl::MutexLock lock(&write_mu_);
         while (!trainer_channel_->requests.Push(entry)) {
           doorbell_->Ring();
           std::this_thread::yield();
@@ -472,7 +513,7 @@ class Client::Impl {
     enqueue->set_average(average);
     enqueue->set_root_rank(root);
     if (!Write(request)) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       handles_.erase({tensor.index(), step});
       return SessionClosed(socket_);
     }
@@ -488,17 +529,18 @@ class Client::Impl {
       stream_;
   std::thread reader_;
 
-  std::mutex write_mu_;
-  uint64_t seq_ = 0;
+  // Serializes the stream's writes and the channel's pushes.
+  absl::Mutex write_mu_;
+  uint64_t seq_ ABSL_GUARDED_BY(write_mu_) = 0;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool attached_ = false;
-  v1::Attached info_;
-  absl::Status stream_status_;
-  std::map<uint64_t, v1::TrainerEvent> replies_;
-  std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Handle>> handles_;
-  std::vector<SharedMemory> mappings_;
+  mutable absl::Mutex mu_;
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  v1::Attached info_ ABSL_GUARDED_BY(mu_);
+  absl::Status stream_status_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, v1::TrainerEvent> replies_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Handle>> handles_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<SharedMemory> mappings_ ABSL_GUARDED_BY(mu_);
 
   // The fast path (set once, under mu_, before any enqueue uses it).
   SharedMemory doorbell_memory_;
@@ -522,23 +564,23 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
 }
 
 int32_t Client::rank() const {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   return impl_->info_.rank();
 }
 int32_t Client::size() const {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   return impl_->info_.size();
 }
 int32_t Client::local_rank() const {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   return impl_->info_.local_rank();
 }
 int32_t Client::local_size() const {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   return impl_->info_.local_size();
 }
 int64_t Client::generation() const {
-  std::lock_guard<std::mutex> lock(impl_->mu_);
+  absl::MutexLock lock(&impl_->mu_);
   return impl_->info_.generation();
 }
 
@@ -582,7 +624,7 @@ absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
     if (!memory.ok()) return memory.status();
     uint8_t* base = memory->data();
     {
-      std::lock_guard<std::mutex> lock(impl_->mu_);
+      absl::MutexLock lock(&impl_->mu_);
       impl_->mappings_.push_back(std::move(*memory));
     }
     tensors.push_back(std::make_shared<Tensor>(d.index(), spec, d.size_bytes(),
@@ -604,15 +646,16 @@ absl::StatusOr<std::shared_ptr<Handle>> Client::BroadcastAsync(
 
 absl::StatusOr<int64_t> Client::WaitForGeneration(
     int64_t after, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(impl_->mu_);
-  const bool changed = impl_->cv_.wait_for(lock, timeout, [&] {
-    return impl_->info_.generation() > after || !impl_->stream_status_.ok();
-  });
-  if (impl_->info_.generation() > after) return impl_->info_.generation();
-  if (!impl_->stream_status_.ok()) return impl_->stream_status_;
-  (void)changed;
+  Impl& impl = *impl_;
+  absl::MutexLock lock(&impl.mu_);
+  const auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl.mu_) {
+    return impl.info_.generation() > after || !impl.stream_status_.ok();
+  };
+  AwaitFor(impl.mu_, absl::Condition(&changed), timeout);
+  if (impl.info_.generation() > after) return impl.info_.generation();
+  if (!impl.stream_status_.ok()) return impl.stream_status_;
   return absl::DeadlineExceededError(
-      absl::StrCat("job \"", impl_->info_.job(), "\" ran no generation after ",
+      absl::StrCat("job \"", impl.info_.job(), "\" ran no generation after ",
                    after, " within ", timeout.count(), " ms"));
 }
 
@@ -622,13 +665,16 @@ absl::Status Client::Detach(bool finished, std::chrono::milliseconds timeout) {
   if (!impl_->Write(request)) {
     return SessionClosed(impl_->socket_);
   }
+  Impl& impl = *impl_;
   {
-    std::lock_guard<std::mutex> write_lock(impl_->write_mu_);
-    impl_->stream_->WritesDone();
+    absl::MutexLock write_lock(&impl.write_mu_);
+    impl.stream_->WritesDone();
   }
-  std::unique_lock<std::mutex> lock(impl_->mu_);
-  if (!impl_->cv_.wait_for(lock, timeout,
-                           [this] { return !impl_->stream_status_.ok(); })) {
+  absl::MutexLock lock(&impl.mu_);
+  const auto closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl.mu_) {
+    return !impl.stream_status_.ok();
+  };
+  if (!AwaitFor(impl.mu_, absl::Condition(&closed), timeout)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "the baton agent did not close the session within ", timeout.count(),
         " ms of the detach; it may not have received it (its log says)"));

@@ -3,13 +3,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <set>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "client/declaration.h"
 
 namespace baton::client {
@@ -122,9 +123,9 @@ class Operation {
   // broadcast root already holds the result).
   void* const destination;
 
-  std::mutex mu;
-  bool delivered = false;
-  absl::Status outcome;
+  absl::Mutex mu;
+  bool delivered ABSL_GUARDED_BY(mu) = false;
+  absl::Status outcome ABSL_GUARDED_BY(mu);
 };
 
 class Session::Impl {
@@ -132,7 +133,8 @@ class Session::Impl {
   explicit Impl(std::unique_ptr<Client> client) : client_(std::move(client)) {}
 
   absl::Status Declare(const std::vector<v1::TensorSpec>& specs,
-                       const std::vector<v1::CudaBuffer>& cuda_buffers) {
+                       const std::vector<v1::CudaBuffer>& cuda_buffers)
+      ABSL_LOCKS_EXCLUDED(declare_mu_, mu_) {
     if (absl::Status s = CheckDeclaration(specs, cuda_buffers); !s.ok()) {
       return s;
     }
@@ -142,11 +144,11 @@ class Session::Impl {
       buffer_of[buffer.index()] = &buffer;
     }
     // One declaration at a time: the agent numbers tensors in request order.
-    std::lock_guard<std::mutex> declare_lock(declare_mu_);
+    absl::MutexLock declare_lock(&declare_mu_);
     std::vector<v1::TensorSpec> fresh;
     std::vector<v1::CudaBuffer> fresh_buffers;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (closed_) return Closed();
       for (size_t i = 0; i < specs.size(); ++i) {
         const v1::TensorSpec& spec = specs[i];
@@ -185,7 +187,7 @@ class Session::Impl {
     absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> declared =
         client_->Declare(fresh, fresh_buffers);
     if (!declared.ok()) return declared.status();
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const v1::CudaBuffer& buffer : fresh_buffers) {
       v1::CudaBuffer& kept =
           cuda_buffers_[fresh[static_cast<size_t>(buffer.index())].name()];
@@ -201,7 +203,8 @@ class Session::Impl {
 
   // Copies a host input in (a CUDA one is the caller's to write) and starts
   // the operation; Synchronize copies a host result out.
-  absl::StatusOr<OperationHandle> Start(const OperationRequest& request) {
+  absl::StatusOr<OperationHandle> Start(const OperationRequest& request)
+      ABSL_LOCKS_EXCLUDED(declare_mu_, mu_) {
     const v1::TensorSpec& spec = request.spec;
     const std::string& name = spec.name();
     const v1::CollectiveOp op = spec.op();
@@ -247,7 +250,7 @@ class Session::Impl {
     std::shared_ptr<Tensor> tensor;
     const v1::CudaBuffer* declared_buffer = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (closed_) return Closed();
       auto pending = in_flight_.find(name);
       if (pending != in_flight_.end()) {
@@ -271,12 +274,12 @@ class Session::Impl {
       if (cuda != cuda_buffers_.end()) declared_buffer = &cuda->second;
     }
     absl::Cleanup release_name = [&] {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       starting_.erase(name);
     };
     if (tensor == nullptr) {
       if (absl::Status s = Declare({spec}, cuda_buffers); !s.ok()) return s;
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       tensor = tensors_.at(name);
       auto cuda = cuda_buffers_.find(name);
       if (cuda != cuda_buffers_.end()) declared_buffer = &cuda->second;
@@ -296,7 +299,7 @@ class Session::Impl {
       std::memcpy(tensor->input(), request.input,
                   static_cast<size_t>(tensor->size_bytes()));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (closed_) return Closed();
     int64_t& step = next_step_[name];
     absl::StatusOr<std::shared_ptr<Handle>> handle =
@@ -315,8 +318,9 @@ class Session::Impl {
     return operation;
   }
 
-  absl::StatusOr<HostRegions> Regions(const std::string& name) const {
-    std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<HostRegions> Regions(const std::string& name) const
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     auto it = tensors_.find(name);
     if (it == tensors_.end()) {
       return absl::NotFoundError(absl::StrCat(
@@ -332,7 +336,8 @@ class Session::Impl {
   }
 
   absl::Status Synchronize(const OperationHandle& operation,
-                           std::chrono::milliseconds timeout) {
+                           std::chrono::milliseconds timeout)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     if (operation == nullptr) {
       return absl::InvalidArgumentError("Synchronize: the handle is null");
     }
@@ -343,7 +348,7 @@ class Session::Impl {
                        operation->handle->step(), " did not complete within ",
                        timeout.count(), " ms; it is still in flight"));
     }
-    std::lock_guard<std::mutex> op_lock(operation->mu);
+    absl::MutexLock op_lock(&operation->mu);
     if (operation->delivered) return operation->outcome;
     if (status.ok() && operation->destination != nullptr &&
         operation->destination != operation->tensor->output()) {
@@ -359,10 +364,10 @@ class Session::Impl {
   // `may_finish`: leave as finished when everything drained (false: the
   // trainer is giving up, and the job must not count it as done).
   absl::Status Shutdown(std::chrono::milliseconds drain_timeout,
-                        bool may_finish = true) {
+                        bool may_finish = true) ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<OperationHandle> pending;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (closed_) return Closed();
       closed_ = true;
       for (auto& [name, operation] : in_flight_) pending.push_back(operation);
@@ -402,8 +407,8 @@ class Session::Impl {
     return detached;
   }
 
-  bool closed() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  bool closed() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     return closed_;
   }
 
@@ -443,21 +448,22 @@ class Session::Impl {
     return absl::OkStatus();
   }
 
-  void Retire(const OperationHandle& operation) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Retire(const OperationHandle& operation) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     auto it = in_flight_.find(operation->name);
     if (it != in_flight_.end() && it->second == operation) in_flight_.erase(it);
   }
 
-  std::mutex declare_mu_;
-  mutable std::mutex mu_;
-  bool closed_ = false;
-  std::map<std::string, std::shared_ptr<Tensor>> tensors_;
+  // One declaration at a time: held across the agent's round trip.
+  absl::Mutex declare_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::shared_ptr<Tensor>> tensors_ ABSL_GUARDED_BY(mu_);
   // Where each declared CUDA tensor lives (index cleared).
-  std::map<std::string, v1::CudaBuffer> cuda_buffers_;
-  std::map<std::string, int64_t> next_step_;
-  std::map<std::string, OperationHandle> in_flight_;
-  std::set<std::string> starting_;
+  std::map<std::string, v1::CudaBuffer> cuda_buffers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> next_step_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, OperationHandle> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> starting_ ABSL_GUARDED_BY(mu_);
 };
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

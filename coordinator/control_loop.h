@@ -24,24 +24,24 @@ class ControlLoop {
   ControlLoop& operator=(const ControlLoop&) = delete;
 
   // Thread-safe. Tasks posted after Stop() are dropped.
-  void Post(Task task);
+  void Post(Task task) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs queued tasks (including ones they post) until none is left; returns
   // how many ran. For tests and for draining at shutdown.
-  size_t RunUntilIdle();
+  size_t RunUntilIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs tasks as they arrive and `tick` every `tick_interval` (by `clock`)
   // until Stop(). Before each tick it runs the tasks already queued, so the
   // tick sees every message that arrived before it. Call from the loop's own
   // thread.
   void Run(Clock* clock, absl::Duration tick_interval,
-           const std::function<void()>& tick);
+           const std::function<void()>& tick) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Thread-safe. Makes Run() return after the task it is running.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Tasks waiting to run (for load reporting).
-  size_t Pending() const;
+  size_t Pending() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   mutable absl::Mutex mu_;

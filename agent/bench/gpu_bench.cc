@@ -208,7 +208,8 @@ class DataPlaneAllreduce {
 
   // One push_pull (float32 sum) of the first `bytes` of every buffer, the
   // next step of tensor 0; returns when op_done reported it.
-  absl::Status Run(const std::vector<void*>& buffers, int64_t bytes) {
+  absl::Status Run(const std::vector<void*>& buffers, int64_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     auto op = std::make_shared<Operation>();
     op->step = steps_++;
     op->id = static_cast<uint64_t>(op->step) + 1;

@@ -6,7 +6,7 @@
 namespace baton::agent {
 
 void TimelineRecorder::Add(v1::PartitionTrace trace) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (capacity_ == 0) return;
   if (records_.size() == capacity_) {
     dropped_through_step_ =
@@ -19,7 +19,7 @@ void TimelineRecorder::Add(v1::PartitionTrace trace) {
 std::vector<v1::PartitionTrace> TimelineRecorder::Query(int64_t first_step,
                                                         int64_t last_step,
                                                         bool* truncated) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   *truncated = first_step <= dropped_through_step_;
   std::vector<v1::PartitionTrace> out;
   for (const v1::PartitionTrace& trace : records_) {

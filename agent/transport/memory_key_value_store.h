@@ -24,7 +24,8 @@ namespace baton::agent {
 // Thread-safe.
 class MemoryKeyValueStore : public KeyValueStore {
  public:
-  absl::Status Set(const std::string& key, const std::string& value) override {
+  absl::Status Set(const std::string& key, const std::string& value) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     ++requests_;
     if (!aborted_.ok()) return aborted_;
@@ -34,7 +35,7 @@ class MemoryKeyValueStore : public KeyValueStore {
 
   absl::StatusOr<std::vector<std::string>> Get(
       const std::vector<std::string>& keys,
-      std::chrono::milliseconds timeout) override {
+      std::chrono::milliseconds timeout) override ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     ++requests_;
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -65,12 +66,12 @@ class MemoryKeyValueStore : public KeyValueStore {
   }
 
   // Fails waiting and later requests with `status` (ABORTED in tests).
-  void Abort(const absl::Status& status) {
+  void Abort(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     aborted_ = status;
   }
 
-  int requests() const {
+  int requests() const ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     return requests_;
   }

@@ -21,7 +21,7 @@ class PoisonState {
   bool is_set() const { return set_.load(std::memory_order_acquire); }
 
   // Records `status`.
-  void Set(absl::Status status) {
+  void Set(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
     {
       absl::MutexLock lock(&mu_);
       status_ = std::move(status);
@@ -32,7 +32,8 @@ class PoisonState {
   // OK until set; then FAILED_PRECONDITION "<what> poisoned by <error>;
   // build <again>".
   absl::Status Check(const std::string& what = "communicator",
-                     const std::string& again = "a new communicator") const {
+                     const std::string& again = "a new communicator") const
+      ABSL_LOCKS_EXCLUDED(mu_) {
     if (!is_set()) return absl::OkStatus();
     absl::MutexLock lock(&mu_);
     return absl::FailedPreconditionError(absl::StrCat(

@@ -28,19 +28,16 @@ std::string Errno(const char* call) {
   return absl::StrCat(call, ": ", std::strerror(errno));
 }
 
-// Milliseconds left until `deadline` for poll(2), rounded up (a wait never
-// ends before the deadline), at least 0.
-int PollMillis(Clock::time_point deadline) {
-  const auto left =
-      std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now())
-          .count();
+int PollMillis(const Deadline& deadline) {
+  const int64_t left = absl::ToInt64Milliseconds(
+      absl::Ceil(deadline.Left(), absl::Milliseconds(1)));
   return static_cast<int>(
       std::clamp<int64_t>(left, 0, std::numeric_limits<int>::max()));
 }
 
 // Writes exactly `bytes` on a non-blocking socket by `deadline`.
 absl::Status SendAll(int fd, const void* data, size_t bytes,
-                     Clock::time_point deadline, const std::string& what) {
+                     const Deadline& deadline, const std::string& what) {
   const auto* p = static_cast<const char*>(data);
   while (bytes > 0) {
     const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
@@ -203,8 +200,8 @@ absl::StatusOr<int> Listen(const std::string& address, const std::string& kind,
 
 // Connects to "<host> <port>" (what a peer published) by `deadline`.
 absl::StatusOr<int> ConnectTo(const std::string& published,
-                              const std::string& kind,
-                              Clock::time_point deadline, FdList& fds) {
+                              const std::string& kind, const Deadline& deadline,
+                              FdList& fds) {
   const std::vector<std::string> parts = absl::StrSplit(published, ' ');
   int port = 0;
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &port) || port <= 0 ||
@@ -264,8 +261,9 @@ std::string RankList(const std::vector<int>& ranks) {
 absl::StatusOr<std::vector<int>> ConnectPeers(const ConnectRequest& request,
                                               const std::string& address,
                                               const PeerSet& set,
-                                              const std::vector<bool>& wanted) {
-  const Clock::time_point deadline = Clock::now() + request.timeout;
+                                              const std::vector<bool>& wanted,
+                                              Clock& clock) {
+  const Deadline deadline(clock, absl::FromChrono(request.timeout));
   const int rank = request.node_rank;
   const int size = request.num_nodes;
   const std::string& what = set.what;
@@ -306,9 +304,8 @@ absl::StatusOr<std::vector<int>> ConnectPeers(const ConnectRequest& request,
   if (!lower.empty()) {
     std::vector<std::string> keys;
     for (int r : lower) keys.push_back(key(r));
-    auto addresses = request.store->Get(
-        keys, std::chrono::duration_cast<std::chrono::milliseconds>(
-                  deadline - Clock::now()));
+    auto addresses =
+        request.store->Get(keys, absl::ToChronoMilliseconds(deadline.Left()));
     if (!addresses.ok()) {
       return absl::Status(
           addresses.status().code(),

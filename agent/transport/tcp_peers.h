@@ -7,7 +7,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "agent/transport/transport.h"
+#include "common/clock.h"
 
 namespace baton::agent {
 
@@ -16,19 +18,18 @@ namespace baton::agent {
 // the host collectives (TcpRing) share.
 namespace tcp {
 
-using Clock = std::chrono::steady_clock;
-
 // "<call>: <strerror(errno)>".
 std::string Errno(const char* call);
 
 // Milliseconds left until `deadline` for poll(2), rounded up (a wait never
-// ends before the deadline), at least 0.
-int PollMillis(Clock::time_point deadline);
+// ends before the deadline), at least 0. Each poll(2) waits for the time left
+// when it starts, never longer than the operation's timeout (Deadline).
+int PollMillis(const Deadline& deadline);
 
 // Writes exactly `bytes` on a non-blocking socket by `deadline`;
 // UNAVAILABLE or DEADLINE_EXCEEDED starting with `what` otherwise.
 absl::Status SendAll(int fd, const void* data, size_t bytes,
-                     Clock::time_point deadline, const std::string& what);
+                     const Deadline& deadline, const std::string& what);
 
 // The numeric addresses `hostname` resolves to, in resolver order;
 // INVALID_ARGUMENT naming it when it resolves to nothing. Sockets (and gloo,
@@ -60,13 +61,14 @@ struct PeerSet {
 // Returns one fd per node rank (-1 for this node and the ones not wanted):
 // non-blocking, TCP_NODELAY, owned by the caller. Errors like
 // Transport::Connect: DEADLINE_EXCEEDED naming the node ranks that never
-// published or connected by request.timeout; the store's own code
-// (ABORTED: the generation ended); UNAVAILABLE for a socket error;
-// INVALID_ARGUMENT for a bad request or address.
+// published or connected by request.timeout (measured on `clock`); the
+// store's own code (ABORTED: the generation ended); UNAVAILABLE for a
+// socket error; INVALID_ARGUMENT for a bad request or address.
 absl::StatusOr<std::vector<int>> ConnectPeers(const ConnectRequest& request,
                                               const std::string& address,
                                               const PeerSet& set,
-                                              const std::vector<bool>& wanted);
+                                              const std::vector<bool>& wanted,
+                                              Clock& clock);
 
 }  // namespace tcp
 }  // namespace baton::agent

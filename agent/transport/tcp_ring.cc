@@ -33,7 +33,7 @@ int Mod(int x, int n) { return ((x % n) + n) % n; }
 
 absl::StatusOr<std::unique_ptr<TcpRing>> TcpRing::Connect(
     const ConnectRequest& request, const std::string& address,
-    const std::string& name) {
+    const std::string& name, Clock* clock) {
   ConnectRequest checked = request;
   checked.count = 1;
   if (absl::Status valid = ValidateConnectRequest(checked); !valid.ok()) {
@@ -53,19 +53,22 @@ absl::StatusOr<std::unique_ptr<TcpRing>> TcpRing::Connect(
     wanted[Mod(rank + 1, size)] = true;
   }
   absl::StatusOr<std::vector<int>> fds =
-      tcp::ConnectPeers(request, address, set, wanted);
+      tcp::ConnectPeers(request, address, set, wanted, *clock);
   if (!fds.ok()) return fds.status();
   const int prev = size > 1 ? (*fds)[Mod(rank - 1, size)] : -1;
   const int next = size > 1 ? (*fds)[Mod(rank + 1, size)] : -1;
-  return std::unique_ptr<TcpRing>(new TcpRing(name, rank, size, prev, next));
+  return std::unique_ptr<TcpRing>(
+      new TcpRing(name, rank, size, prev, next, clock));
 }
 
-TcpRing::TcpRing(std::string name, int rank, int size, int prev_fd, int next_fd)
+TcpRing::TcpRing(std::string name, int rank, int size, int prev_fd, int next_fd,
+                 Clock* clock)
     : name_(std::move(name)),
       rank_(rank),
       size_(size),
       prev_fd_(prev_fd),
-      next_fd_(next_fd) {}
+      next_fd_(next_fd),
+      clock_(clock) {}
 
 TcpRing::~TcpRing() {
   if (prev_fd_ >= 0) ::close(prev_fd_);
@@ -109,7 +112,7 @@ absl::Status TcpRing::HeaderMismatch(const Header& mine, const Header& theirs,
                    "communicator)")));
 }
 
-absl::Status TcpRing::Run(const Step& step, tcp::Clock::time_point deadline,
+absl::Status TcpRing::Run(const Step& step, const Deadline& deadline,
                           const std::string& what,
                           const CollectiveOptions& options) {
   const int prev = Mod(rank_ - 1, size_);
@@ -260,7 +263,7 @@ absl::Status TcpRing::AllreduceSum(void* data, size_t count, v1::DataType dtype,
   if (scratch_.empty()) scratch_.resize(kSegmentBytes);
   const Header header = {kMagic, kAllreduce, count * element,
                          static_cast<uint32_t>(dtype), seq_++};
-  const auto deadline = tcp::Clock::now() + options.timeout;
+  const Deadline deadline(*clock_, absl::FromChrono(options.timeout));
   // Chunk c: elements [begin(c), begin(c + 1)).
   const size_t base = count / size_;
   const size_t extra = count % size_;
@@ -341,7 +344,8 @@ absl::Status TcpRing::Broadcast(void* data, size_t bytes, int root,
       step.forward = true;
     }
   }
-  return Run(step, tcp::Clock::now() + options.timeout, what, options);
+  return Run(step, Deadline(*clock_, absl::FromChrono(options.timeout)), what,
+             options);
 }
 
 }  // namespace baton::agent

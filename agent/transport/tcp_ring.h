@@ -12,6 +12,7 @@
 #include "agent/transport/poison_state.h"
 #include "agent/transport/tcp_peers.h"
 #include "agent/transport/transport.h"
+#include "common/clock.h"
 
 namespace baton::agent {
 
@@ -55,9 +56,10 @@ class TcpRing : public Communicator {
   // Connects communicator `name` ("c0") of `request` (request.count is
   // ignored): keys under "<prefix>/ring/<name>/<rank>", connections to the
   // previous and the next node rank only. Errors as tcp::ConnectPeers.
+  // `clock` measures every timeout; it must outlive the ring.
   static absl::StatusOr<std::unique_ptr<TcpRing>> Connect(
       const ConnectRequest& request, const std::string& address,
-      const std::string& name);
+      const std::string& name, Clock* clock);
 
   ~TcpRing() override;
 
@@ -108,11 +110,12 @@ class TcpRing : public Communicator {
     bool forward = false;
   };
 
-  TcpRing(std::string name, int rank, int size, int prev_fd, int next_fd);
+  TcpRing(std::string name, int rank, int size, int prev_fd, int next_fd,
+          Clock* clock);
 
   // "communicator c0 of 3 nodes (node rank 1)".
   std::string Describe() const;
-  absl::Status Run(const Step& step, tcp::Clock::time_point deadline,
+  absl::Status Run(const Step& step, const Deadline& deadline,
                    const std::string& what, const CollectiveOptions& options);
   absl::Status Poison(absl::Status status);
   absl::Status HeaderMismatch(const Header& mine, const Header& theirs,
@@ -126,6 +129,7 @@ class TcpRing : public Communicator {
   // destructor only.
   const int prev_fd_;
   const int next_fd_;
+  Clock* const clock_;
   std::vector<uint8_t> scratch_;
   uint32_t seq_ = 0;
 

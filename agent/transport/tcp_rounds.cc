@@ -26,8 +26,6 @@
 namespace baton::agent {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // The largest vector a round may carry (a plan of millions of tensors).
 constexpr size_t kMaxWords = size_t{1} << 24;
 
@@ -37,7 +35,7 @@ using tcp::PollMillis;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpRounds>> TcpRounds::Connect(
-    const ConnectRequest& request, const std::string& address) {
+    const ConnectRequest& request, const std::string& address, Clock* clock) {
   ConnectRequest checked = request;
   checked.count = 1;
   if (absl::Status valid = ValidateConnectRequest(checked); !valid.ok()) {
@@ -56,8 +54,8 @@ absl::StatusOr<std::unique_ptr<TcpRounds>> TcpRounds::Connect(
     return absl::UnavailableError(
         absl::StrCat(set.what, ": ", Errno("eventfd")));
   }
-  absl::StatusOr<std::vector<int>> fds =
-      tcp::ConnectPeers(request, address, set, std::vector<bool>(size, true));
+  absl::StatusOr<std::vector<int>> fds = tcp::ConnectPeers(
+      request, address, set, std::vector<bool>(size, true), *clock);
   if (!fds.ok()) {
     ::close(interrupt_fd);
     return fds.status();
@@ -65,11 +63,15 @@ absl::StatusOr<std::unique_ptr<TcpRounds>> TcpRounds::Connect(
   std::vector<Peer> peers(size);
   for (int r = 0; r < size; ++r) peers[r].fd = (*fds)[r];
   return std::unique_ptr<TcpRounds>(
-      new TcpRounds(rank, std::move(peers), interrupt_fd));
+      new TcpRounds(rank, std::move(peers), interrupt_fd, clock));
 }
 
-TcpRounds::TcpRounds(int rank, std::vector<Peer> peers, int interrupt_fd)
-    : rank_(rank), peers_(std::move(peers)), interrupt_fd_(interrupt_fd) {}
+TcpRounds::TcpRounds(int rank, std::vector<Peer> peers, int interrupt_fd,
+                     Clock* clock)
+    : rank_(rank),
+      peers_(std::move(peers)),
+      interrupt_fd_(interrupt_fd),
+      clock_(clock) {}
 
 TcpRounds::~TcpRounds() {
   for (const Peer& peer : peers_) {
@@ -166,7 +168,7 @@ absl::Status TcpRounds::ExchangeMin(int64_t* data, size_t count,
   const std::string what =
       absl::StrCat("negotiation round of ", count * sizeof(int64_t),
                    " bytes (int64) on ", Describe());
-  const Clock::time_point deadline = Clock::now() + options.timeout;
+  const Deadline deadline(*clock_, absl::FromChrono(options.timeout));
 
   std::vector<int64_t> out(count + 1);
   out[0] = static_cast<int64_t>(count);

@@ -1,7 +1,6 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -15,6 +14,7 @@
 #include "agent/scheduler/negotiation_wire.h"
 #include "agent/transport/poison_state.h"
 #include "agent/transport/transport.h"
+#include "common/clock.h"
 
 namespace baton::agent {
 
@@ -51,9 +51,10 @@ class TcpRounds : public NegotiationWire {
   // node). Errors like Transport::Connect: DEADLINE_EXCEEDED naming the node
   // ranks that never published or connected; the store's own code (ABORTED:
   // the generation ended); UNAVAILABLE for a socket error; INVALID_ARGUMENT
-  // for a bad request.
+  // for a bad request. `clock` measures every timeout; it must outlive the
+  // rounds.
   static absl::StatusOr<std::unique_ptr<TcpRounds>> Connect(
-      const ConnectRequest& request, const std::string& address);
+      const ConnectRequest& request, const std::string& address, Clock* clock);
 
   ~TcpRounds() override;
 
@@ -74,9 +75,7 @@ class TcpRounds : public NegotiationWire {
     std::vector<int64_t> message;  // count word + the vector
     size_t received = 0;           // bytes of `message` read so far
   };
-  using Clock = std::chrono::steady_clock;
-
-  TcpRounds(int rank, std::vector<Peer> peers, int interrupt_fd);
+  TcpRounds(int rank, std::vector<Peer> peers, int interrupt_fd, Clock* clock);
 
   // "negotiation connections of 3 nodes (node rank 0)".
   std::string Describe() const;
@@ -91,6 +90,7 @@ class TcpRounds : public NegotiationWire {
   std::vector<Peer> peers_;
   // An eventfd: Interrupt() adds to it, AwaitRound drains it.
   const int interrupt_fd_;
+  Clock* const clock_;
 
   PoisonState poison_;
 };

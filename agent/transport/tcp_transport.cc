@@ -12,7 +12,7 @@
 namespace baton::agent {
 
 absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(
-    const std::string& hostname) {
+    const std::string& hostname, Clock* clock) {
   if (hostname.empty()) {
     return absl::InvalidArgumentError(
         "the TCP transport needs the hostname or IP address to bind");
@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(
       tcp::NumericAddresses(hostname);
   if (!addresses.ok()) return addresses.status();
   return std::unique_ptr<TcpTransport>(
-      new TcpTransport(std::move(addresses->front())));
+      new TcpTransport(std::move(addresses->front()), clock));
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>
@@ -34,7 +34,7 @@ TcpTransport::Connect(const ConnectRequest& request) {
   rings.reserve(request.count);
   for (int i = 0; i < request.count; ++i) {
     absl::StatusOr<std::unique_ptr<TcpRing>> ring =
-        TcpRing::Connect(request, address_, absl::StrCat("c", i));
+        TcpRing::Connect(request, address_, absl::StrCat("c", i), clock_);
     if (!ring.ok()) return ring.status();
     rings.push_back(std::move(ring).value());
   }
@@ -44,7 +44,7 @@ TcpTransport::Connect(const ConnectRequest& request) {
 absl::StatusOr<std::unique_ptr<NegotiationWire>>
 TcpTransport::ConnectNegotiation(const ConnectRequest& request) {
   absl::StatusOr<std::unique_ptr<TcpRounds>> rounds =
-      TcpRounds::Connect(request, address_);
+      TcpRounds::Connect(request, address_, clock_);
   if (!rounds.ok()) return rounds.status();
   return std::unique_ptr<NegotiationWire>(std::move(rounds).value());
 }

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/transport/transport.h"
+#include "common/clock.h"
 
 namespace baton::agent {
 
@@ -21,8 +22,10 @@ class TcpTransport : public Transport {
   // interface peers reach this node on); INVALID_ARGUMENT when it does not
   // resolve. Also ignores SIGPIPE for the whole process: a peer that closes
   // its connection must give an error on the survivors, not kill them.
+  // `clock` measures every timeout; it must outlive the transport and its
+  // communicators.
   static absl::StatusOr<std::unique_ptr<TcpTransport>> Create(
-      const std::string& hostname);
+      const std::string& hostname, Clock* clock = Clock::Real());
 
   // Connects request.count rings one after the other, communicator i (ring
   // c<i>) under
@@ -35,9 +38,11 @@ class TcpTransport : public Transport {
   const std::string& address() const { return address_; }
 
  private:
-  explicit TcpTransport(std::string address) : address_(std::move(address)) {}
+  TcpTransport(std::string address, Clock* clock)
+      : address_(std::move(address)), clock_(clock) {}
 
   const std::string address_;
+  Clock* const clock_;
 };
 
 }  // namespace baton::agent

@@ -44,11 +44,14 @@ class StreamChannel final : public AgentChannel {
  public:
   explicit StreamChannel(SessionStream* stream) : stream_(stream) {}
 
-  void Send(OutboundMessage message) override {
-    absl::ReleasableMutexLock lock(&mu_);
-    if (stream_ == nullptr || finish_requested_) return;
+  void Send(OutboundMessage message) override ABSL_LOCKS_EXCLUDED(mu_) {
+    mu_.Lock();
+    if (stream_ == nullptr || finish_requested_) {
+      mu_.Unlock();
+      return;
+    }
     outbound_.push_back(std::move(message));
-    Advance(lock);
+    Advance();
   }
 
   void Close(const absl::Status& status) override {
@@ -58,18 +61,21 @@ class StreamChannel final : public AgentChannel {
   // Finishes with `status` once the queued messages are written, or at once
   // with `drop_queued` (the stream is broken: they could not be delivered).
   // Only the first request counts.
-  void RequestFinish(grpc::Status status, bool drop_queued) {
-    absl::ReleasableMutexLock lock(&mu_);
-    if (stream_ == nullptr) return;
-    if (drop_queued) outbound_.clear();
-    if (finish_requested_) return;
+  void RequestFinish(grpc::Status status, bool drop_queued)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    mu_.Lock();
+    if (stream_ != nullptr && drop_queued) outbound_.clear();
+    if (stream_ == nullptr || finish_requested_) {
+      mu_.Unlock();
+      return;
+    }
     finish_requested_ = true;
     finish_status_ = std::move(status);
-    Advance(lock);
+    Advance();
   }
 
-  void OnWriteDone(bool ok) {
-    absl::ReleasableMutexLock lock(&mu_);
+  void OnWriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) {
+    mu_.Lock();
     write_in_flight_ = false;
     in_flight_.Clear();
     if (!ok) {
@@ -82,17 +88,17 @@ class StreamChannel final : public AgentChannel {
                          "writing to the agent failed: the stream is broken");
       }
     }
-    Advance(lock);
+    Advance();
   }
 
   // True once the stream is being finished: no more reads are needed.
-  bool finishing() const {
+  bool finishing() const ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     return finish_requested_;
   }
 
   // Called from the reactor's OnDone: everything later is dropped.
-  void Detach() {
+  void Detach() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     stream_ = nullptr;
     outbound_.clear();
@@ -100,12 +106,12 @@ class StreamChannel final : public AgentChannel {
 
  private:
   // Starts the next write, or the Finish once the queue is empty, unless a
-  // write is in flight. Releases `lock`.
-  void Advance(absl::ReleasableMutexLock& lock)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // write is in flight. Called with mu_ held; releases it before calling
+  // into the stream.
+  void Advance() ABSL_UNLOCK_FUNCTION(mu_) {
     SessionStream* const stream = stream_;
     if (stream == nullptr || write_in_flight_ || finish_called_) {
-      lock.Release();
+      mu_.Unlock();
       return;
     }
     if (!outbound_.empty()) {
@@ -113,18 +119,18 @@ class StreamChannel final : public AgentChannel {
       in_flight_ = WireBytes(outbound_.front());
       outbound_.pop_front();
       const grpc::ByteBuffer* bytes = &in_flight_;
-      lock.Release();
+      mu_.Unlock();
       stream->StartWrite(bytes);
       return;
     }
     if (finish_requested_) {
       finish_called_ = true;
       grpc::Status status = finish_status_;
-      lock.Release();
+      mu_.Unlock();
       stream->Finish(std::move(status));
       return;
     }
-    lock.Release();
+    mu_.Unlock();
   }
 
   mutable absl::Mutex mu_;

@@ -9,7 +9,7 @@
 namespace baton::agent {
 
 GlooStore::GlooStore(std::shared_ptr<KeyValueStore> store, std::string prefix,
-                     std::chrono::steady_clock::time_point deadline)
+                     const Deadline& deadline)
     : store_(std::move(store)),
       prefix_(std::move(prefix)),
       deadline_(deadline) {}
@@ -39,8 +39,8 @@ void GlooStore::set(const std::string& key, const std::vector<char>& data) {
 
 std::vector<std::string> GlooStore::Fetch(const std::vector<std::string>& keys,
                                           std::chrono::milliseconds timeout) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      deadline_ - std::chrono::steady_clock::now());
+  const std::chrono::milliseconds left =
+      absl::ToChronoMilliseconds(deadline_.Left());
   timeout = std::max(std::chrono::milliseconds(0), std::min(timeout, left));
   std::vector<std::string> full_keys;
   full_keys.reserve(keys.size());

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/transport/key_value_store.h"
+#include "common/clock.h"
 #include "gloo/rendezvous/store.h"
 
 namespace baton::agent {
@@ -31,20 +32,24 @@ namespace baton::agent {
 class GlooStore : public gloo::rendezvous::Store {
  public:
   GlooStore(std::shared_ptr<KeyValueStore> store, std::string prefix,
-            std::chrono::steady_clock::time_point deadline);
+            const Deadline& deadline);
 
-  void set(const std::string& key, const std::vector<char>& data) override;
+  void set(const std::string& key, const std::vector<char>& data) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Blocks until the key is set (connectFullMesh calls get before wait).
   // Values fetched by an earlier wait() are served from memory once.
-  std::vector<char> get(const std::string& key) override;
+  std::vector<char> get(const std::string& key) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
-  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override;
+            const std::chrono::milliseconds& timeout) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK, or the status of the first failed call.
-  absl::Status first_error() const;
+  absl::Status first_error() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // "<prefix>/<key>".
   std::string FullKey(const std::string& key) const;
@@ -52,14 +57,15 @@ class GlooStore : public gloo::rendezvous::Store {
  private:
   // Fetches `keys`, waiting up to min(timeout, deadline); throws on failure.
   std::vector<std::string> Fetch(const std::vector<std::string>& keys,
-                                 std::chrono::milliseconds timeout);
+                                 std::chrono::milliseconds timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Records `status` as first_error_ if it is the first, then throws it.
-  [[noreturn]] void Fail(const absl::Status& status);
+  [[noreturn]] void Fail(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   const std::shared_ptr<KeyValueStore> store_;
   const std::string prefix_;
-  const std::chrono::steady_clock::time_point deadline_;
+  const Deadline deadline_;
 
   mutable absl::Mutex mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);

@@ -30,8 +30,6 @@
 namespace baton::agent {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // Runs `fn` with a pointer type whose size is `element_size` (1, 2, 4 or 8),
 // for gloo's typed setOutput. The type only tells gloo the element size;
 // the reduce function gives the arithmetic.
@@ -139,6 +137,9 @@ absl::StatusOr<std::unique_ptr<GlooTransport>> GlooTransport::Create(
         absl::StrCat("GlooTransport::Options.max_segment_bytes is ",
                      options.max_segment_bytes, ": give 8 or more"));
   }
+  if (options.clock == nullptr) {
+    return absl::InvalidArgumentError("GlooTransport::Options.clock is null");
+  }
   if (hostname.empty()) {
     return absl::InvalidArgumentError(
         "the gloo transport needs the hostname or IP address to bind");
@@ -176,7 +177,7 @@ GlooTransport::GlooTransport(std::shared_ptr<gloo::transport::Device> device,
 absl::StatusOr<std::unique_ptr<NegotiationWire>>
 GlooTransport::ConnectNegotiation(const ConnectRequest& request) {
   absl::StatusOr<std::unique_ptr<TcpRounds>> rounds =
-      TcpRounds::Connect(request, address_);
+      TcpRounds::Connect(request, address_, options_.clock);
   if (!rounds.ok()) return rounds.status();
   return std::unique_ptr<NegotiationWire>(std::move(rounds).value());
 }
@@ -188,15 +189,15 @@ GlooTransport::Connect(const ConnectRequest& request) {
   if (absl::Status valid = ValidateConnectRequest(request); !valid.ok()) {
     return valid;
   }
-  const Clock::time_point deadline = Clock::now() + request.timeout;
+  const Deadline deadline(*options_.clock, absl::FromChrono(request.timeout));
   std::vector<std::unique_ptr<Communicator>> communicators;
   communicators.reserve(request.count);
   for (int i = 0; i < request.count; ++i) {
     const std::string name = absl::StrCat("c", i);
     const std::string prefix = StoreKey(request.prefix, name);
     GlooStore store(request.store, prefix, deadline);
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - Clock::now());
+    const std::chrono::milliseconds left =
+        absl::ToChronoMilliseconds(deadline.Left());
     try {
       auto context = std::make_shared<gloo::rendezvous::Context>(
           request.node_rank, request.num_nodes);

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/transport/poison_state.h"
 #include "agent/transport/transport.h"
+#include "common/clock.h"
 
 namespace gloo {
 class Context;
@@ -41,6 +42,9 @@ class GlooTransport : public Transport {
     // with 4 MiB against 117 ms with gloo's 1 MiB default (median of 8
     // runs' medians on a busy 2-core machine; 6 of 8 runs favored 4 MiB).
     size_t max_segment_bytes = size_t{4} << 20;
+    // Measures every timeout; must outlive the transport and its
+    // communicators.
+    Clock* clock = Clock::Real();
   };
 
   // Binds the TCP device to `hostname` (an IP address, or a name resolving

@@ -44,7 +44,8 @@ void ReleaseLocalRanks(gpu::GpuApi& api, std::vector<NcclLocalRank>& ranks);
 // The errors other than poll's carry no message: the caller words them.
 absl::Status PollUntilDone(Clock& clock, absl::Time deadline, absl::Mutex& mu,
                            const bool* stop,
-                           absl::FunctionRef<absl::StatusOr<bool>()> poll);
+                           absl::FunctionRef<absl::StatusOr<bool>()> poll)
+    ABSL_LOCKS_EXCLUDED(mu);
 
 // Whether every rank's NCCL state is kSuccess (false: some are still
 // kInProgress), or the error of the first whose state is an error.
@@ -106,7 +107,7 @@ class NcclCommunicator : public DeviceCommunicator {
   absl::Status DeviceBroadcast(absl::Span<void* const> buffers, size_t bytes,
                                int root,
                                const CollectiveOptions& options) override;
-  void Abort(const absl::Status& status) override;
+  void Abort(const absl::Status& status) override ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status AllreduceSum(void* data, size_t count, v1::DataType dtype,
                             const CollectiveOptions& options) override;
@@ -128,7 +129,8 @@ class NcclCommunicator : public DeviceCommunicator {
   absl::Status CheckCall(const std::string& what,
                          absl::Span<void* const> buffers,
                          std::optional<int> root,
-                         const CollectiveOptions& options) const;
+                         const CollectiveOptions& options) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // INVALID_ARGUMENT for a null buffer.
   absl::Status CheckBuffers(const std::string& what,
                             absl::Span<void* const> buffers) const;
@@ -140,10 +142,11 @@ class NcclCommunicator : public DeviceCommunicator {
   // Runs one collective: enqueues it on every local device, waits for it,
   // and on any error aborts the NCCL communicators and poisons this one.
   absl::Status Run(const std::string& what, const CollectiveOptions& options,
-                   Enqueue enqueue);
+                   Enqueue enqueue) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Launch(const std::string& what, Enqueue enqueue);
   absl::Status AwaitCompletion(const std::string& what,
-                               const CollectiveOptions& options);
+                               const CollectiveOptions& options)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // "NCCL communicator c0 of 2 nodes x 2 devices (node rank 0)".
   std::string Describe() const;
   absl::Status PoisonedError() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,15 +1,15 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "baton/v1/common.pb.h"
 #include "baton/v1/trainer.pb.h"
 
@@ -53,35 +53,34 @@ class CompletionRing;
 class Handle {
  public:
   // True once the operation finished (either way).
-  bool Poll() const;
+  bool Poll() const ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for the outcome. DEADLINE_EXCEEDED when `timeout` passes first
   // (the operation stays pending).
-  absl::Status Wait(
-      std::chrono::milliseconds timeout = std::chrono::hours(24)) const;
+  absl::Status Wait(std::chrono::milliseconds timeout =
+                        std::chrono::hours(24)) const ABSL_LOCKS_EXCLUDED(mu_);
 
   int32_t index() const { return index_; }
   int64_t step() const { return step_; }
   // The generation the agent ran it in (after completion).
-  int64_t generation() const;
+  int64_t generation() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Internal: the client creates and finishes handles.
   Handle(int32_t index, int64_t step,
          std::shared_ptr<client::CompletionRing> ring = nullptr);
   ~Handle();
-  void Finish(absl::Status status, int64_t generation);
+  void Finish(absl::Status status, int64_t generation) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  bool Done() const;
+  bool Done() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const int32_t index_;
   const int64_t step_;
   // The channel's completions, when the client has the channel.
   const std::shared_ptr<client::CompletionRing> ring_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool done_ = false;
-  absl::Status status_;
-  int64_t generation_ = 0;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A declared tensor. In host memory (spec().memory() MEMORY_KIND_HOST): its

@@ -13,7 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "agent/transport/gloo/gloo_transport.h"
+#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/coordinator_process.h"
@@ -24,15 +26,17 @@ namespace {
 
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
-using SteadyClock = std::chrono::steady_clock;
 
 constexpr absl::Duration kLiveness = absl::Milliseconds(1000);
 constexpr absl::Duration kTick = absl::Milliseconds(50);
 // Scheduling slack on a loaded 2-core machine; bounds stay functional.
 constexpr milliseconds kSlack{3000};
 
-milliseconds Since(SteadyClock::time_point start) {
-  return std::chrono::duration_cast<milliseconds>(SteadyClock::now() - start);
+// On the clock the client's timeouts are measured on (Clock::Real(), the
+// wall clock): a slewed wall clock could make a 300 ms timeout last 299.9 ms
+// on the steady clock.
+milliseconds Since(absl::Time start) {
+  return absl::ToChronoMilliseconds(Clock::Real()->Now() - start);
 }
 
 class RendezvousClientTest : public ::testing::Test {
@@ -138,7 +142,7 @@ TEST_F(RendezvousClientTest, GetWaitsUntilAnotherClientSetsTheKey) {
   auto setter = Client(1);
   const std::string value("gloo\0address", 12);
   absl::StatusOr<std::vector<std::string>> got;
-  const auto start = SteadyClock::now();
+  const absl::Time start = Clock::Real()->Now();
   std::thread waiter([&] {
     got = getter->Get({"a", "b"}, milliseconds(10000));
   });
@@ -156,7 +160,7 @@ TEST_F(RendezvousClientTest, GetTimesOutNamingTheMissingKeys) {
   const FormedJob job = FormJob(1);
   auto client = Client(1);
   ASSERT_TRUE(client->Set("here", "v").ok());
-  const auto start = SteadyClock::now();
+  const absl::Time start = Clock::Real()->Now();
   const auto got = client->Get({"here", "missing"}, milliseconds(300));
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded)
       << got.status();
@@ -192,7 +196,7 @@ TEST_F(RendezvousClientTest, StaleGenerationIsAborted) {
     connected = (*transport)->Connect(request);
   });
   std::this_thread::sleep_for(milliseconds(300));
-  const auto lost = SteadyClock::now();
+  const absl::Time lost = Clock::Real()->Now();
   job.agents[1]->Abort();
   waiter.join();
   connector.join();
@@ -222,7 +226,7 @@ TEST_F(RendezvousClientTest, RetriesWhileTheCoordinatorIsDown) {
 
   const int port = coordinator_.port();
   coordinator_.Kill();
-  const auto start = SteadyClock::now();
+  const absl::Time start = Clock::Real()->Now();
   const auto down = client->Get({"before"}, milliseconds(1000));
   EXPECT_EQ(down.status().code(), absl::StatusCode::kUnavailable)
       << down.status();

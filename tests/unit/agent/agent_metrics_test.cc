@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -16,11 +17,9 @@ namespace baton::agent {
 namespace {
 
 using std::chrono::milliseconds;
-using std::chrono::seconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::Optional;
-using Clock = std::chrono::steady_clock;
 
 std::string Scrape(const AgentMetrics& metrics) {
   std::ostringstream out;
@@ -29,7 +28,7 @@ std::string Scrape(const AgentMetrics& metrics) {
 }
 
 TEST(AgentMetricsTest, CompletedOperationsFillTheTensorsLatencyHistogram) {
-  AgentMetrics metrics(seconds(300));
+  AgentMetrics metrics(absl::Seconds(300));
   std::shared_ptr<JobMetrics> job = metrics.ForJob("j1");
   job->OperationCompleted("layer1.weight", milliseconds(2), 4096);
   job->OperationCompleted("layer1.weight", milliseconds(40), 4096);
@@ -69,7 +68,7 @@ TEST(AgentMetricsTest, CompletedOperationsFillTheTensorsLatencyHistogram) {
 }
 
 TEST(AgentMetricsTest, AJobAttachedAgainKeepsCounting) {
-  AgentMetrics metrics(seconds(300));
+  AgentMetrics metrics(absl::Seconds(300));
   metrics.ForJob("j1")->OperationCompleted("w", milliseconds(1), 8);
   metrics.ForJob("j1")->OperationCompleted("w", milliseconds(1), 8);
   EXPECT_THAT(
@@ -78,35 +77,35 @@ TEST(AgentMetricsTest, AJobAttachedAgainKeepsCounting) {
 }
 
 TEST(AgentMetricsTest, EndedJobsSeriesStayForTheRetentionThenGo) {
-  AgentMetrics metrics(seconds(300));
+  AgentMetrics metrics(absl::Seconds(300));
   std::shared_ptr<JobMetrics> running = metrics.ForJob("running");
   std::shared_ptr<JobMetrics> ended = metrics.ForJob("ended");
   running->OperationCompleted("w", milliseconds(1), 8);
   ended->OperationCompleted("w", milliseconds(1), 8);
   ended.reset();
 
-  const Clock::time_point t0 = Clock::now();
+  const absl::Time t0 = absl::FromUnixSeconds(1700000000);
   metrics.RemoveIdle(t0);
-  metrics.RemoveIdle(t0 + seconds(299));
+  metrics.RemoveIdle(t0 + absl::Seconds(299));
   EXPECT_THAT(Scrape(metrics), HasSubstr("job_name=\"ended\""));
 
-  metrics.RemoveIdle(t0 + seconds(300));
+  metrics.RemoveIdle(t0 + absl::Seconds(300));
   const std::string text = Scrape(metrics);
   EXPECT_THAT(text, Not(HasSubstr("job_name=\"ended\"")));
   // A job still held is never removed, however long it runs.
-  metrics.RemoveIdle(t0 + seconds(3600));
+  metrics.RemoveIdle(t0 + absl::Seconds(3600));
   EXPECT_THAT(SampleValue(Scrape(metrics),
                           "baton_data_bytes_total{job_name=\"running\"}"),
               Optional(8.0));
 }
 
 TEST(AgentMetricsTest, AJobAttachedAgainWithinTheRetentionIsKept) {
-  AgentMetrics metrics(seconds(300));
+  AgentMetrics metrics(absl::Seconds(300));
   metrics.ForJob("j1")->OperationCompleted("w", milliseconds(1), 8);
-  const Clock::time_point t0 = Clock::now();
+  const absl::Time t0 = absl::FromUnixSeconds(1700000000);
   metrics.RemoveIdle(t0);
   std::shared_ptr<JobMetrics> again = metrics.ForJob("j1");
-  metrics.RemoveIdle(t0 + seconds(301));
+  metrics.RemoveIdle(t0 + absl::Seconds(301));
   again->OperationCompleted("w", milliseconds(1), 8);
   EXPECT_THAT(
       SampleValue(Scrape(metrics), "baton_data_bytes_total{job_name=\"j1\"}"),

@@ -642,14 +642,15 @@ TEST(TcpRoundsConnectTest, AddressThatCannotBeListenedOnIsRejected) {
   for (const std::string address : {"localhost", "no-such-host.invalid", ""}) {
     SCOPED_TRACE(address);
     const auto start = SteadyClock::now();
-    const absl::Status status = TcpRounds::Connect(request, address).status();
+    const absl::Status status =
+        TcpRounds::Connect(request, address, Clock::Real()).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_THAT(status.message(), HasSubstr("is not a numeric IP address"));
     EXPECT_LT(Since(start).count(), kShortTimeout.count());
   }
   // 192.0.2.0/24 is TEST-NET-1: never an address of this machine.
   const absl::Status foreign =
-      TcpRounds::Connect(request, "192.0.2.1").status();
+      TcpRounds::Connect(request, "192.0.2.1", Clock::Real()).status();
   EXPECT_EQ(foreign.code(), absl::StatusCode::kUnavailable) << foreign;
   EXPECT_THAT(foreign.message(),
               HasSubstr("binding the negotiation socket to 192.0.2.1"));
