@@ -140,21 +140,30 @@ void Executor::WorkerLoop(Worker* worker) {
     }
     absl::Status status = absl::CancelledError("not started");
     if (!drop) {
+      const bool host = worker->device == nullptr;
+      // Host launches running now, this one included.
+      const int running_at_start = host ? ++host_running_ : 0;
       const int64_t started_us = NowUs();
       int64_t reduced_us = started_us;
       status = launch.size() == 1
                    ? Execute(*worker, launch.front(), &reduced_us)
                    : ExecuteFused(*worker, launch, &reduced_us);
       const int64_t done_us = NowUs();
+      const int running_at_end = host ? host_running_-- : 0;
       int64_t bytes = 0;
       for (const PartitionTask& task : launch) {
         Record(task, started_us, reduced_us, done_us, status.ok());
         bytes += task.length;
       }
-      if (options_.tuner != nullptr && status.ok() && worker->device == nullptr &&
+      if (options_.tuner != nullptr && status.ok() && host &&
           options_.num_nodes > 1) {
+        // The channels share one link: while this collective ran, about
+        // that many collectives' bytes crossed it, so that is what its time
+        // measures (queueing behind the others is not latency).
+        const double sharing = (running_at_start + running_at_end) / 2.0;
         options_.tuner->Add(
-            {bytes, absl::Microseconds(done_us - reduced_us)});
+            {static_cast<int64_t>(static_cast<double>(bytes) * sharing),
+             absl::Microseconds(done_us - reduced_us)});
       }
     }
     returned_(std::move(launch), std::move(status), drop);

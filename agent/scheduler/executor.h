@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -54,7 +55,8 @@ struct ExecutorOptions {
   // Every reading of time (the timeline's phases). Not owned.
   Clock* clock = Clock::Real();
   // When set, each host collective that succeeded across nodes is added
-  // here (its bytes and the collective's own time). Not owned.
+  // here: the collective's own time, and its bytes times the host
+  // collectives that shared the link with it (itself included). Not owned.
   PartitionTuner* tuner = nullptr;
 };
 
@@ -175,6 +177,8 @@ class Executor {
   DeviceMemory* device_memory_ = nullptr;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool drop_ ABSL_GUARDED_BY(mu_) = false;
+  // Host launches inside Execute now (the tuner's samples).
+  std::atomic<int> host_running_{0};
   absl::Status stop_status_ ABSL_GUARDED_BY(mu_);
   int workers_running_ ABSL_GUARDED_BY(mu_) = 0;
 };

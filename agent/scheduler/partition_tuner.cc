@@ -102,6 +102,7 @@ PartitionTuner::PartitionTuner(Options options) : options_(std::move(options)) {
 void PartitionTuner::Add(Sample sample) {
   if (sample.bytes <= 0 || sample.took <= absl::ZeroDuration()) return;
   absl::MutexLock lock(&mu_);
+  ++added_;
   if (samples_.size() < options_.window) {
     samples_.push_back(sample);
     return;
@@ -275,11 +276,28 @@ bool PartitionTuner::Steady(const std::vector<Sample>& window,
 PartitionTuner::Proposal PartitionTuner::Propose() const {
   std::vector<Sample> window;
   Proposal applied;
+  uint64_t added = 0;
   {
     absl::MutexLock lock(&mu_);
+    // The scheduler asks every round; the answer changes only with a new
+    // sample or new values in use.
+    if (cached_ && cached_->added == added_ &&
+        cached_->applied.partition_bytes == applied_.partition_bytes &&
+        cached_->applied.credit_bytes == applied_.credit_bytes) {
+      return cached_->proposal;
+    }
     window = WindowLocked();
     applied = applied_;
+    added = added_;
   }
+  const Proposal proposal = ProposeFor(window, applied);
+  absl::MutexLock lock(&mu_);
+  cached_ = Cached{added, applied, proposal};
+  return proposal;
+}
+
+PartitionTuner::Proposal PartitionTuner::ProposeFor(
+    const std::vector<Sample>& window, Proposal applied) const {
   // One partition is always admitted, so a smaller credit means the same as
   // the partition; proposals say so.
   applied.credit_bytes =

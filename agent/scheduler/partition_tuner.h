@@ -26,10 +26,14 @@ namespace baton::agent {
 //   - One tuner per data plane (one job, one node, one generation), built
 //     with the data plane's number of host data channels and the values the
 //     job starts with as initial_partition_bytes / initial_credit_bytes.
-//   - Each worker calls Add() when a host collective returns: the bytes it
-//     moved (a fused launch: its packed bytes) and the wall time of the
-//     collective call only, not its queueing or local reduction. Failed or
-//     aborted collectives are not added. The CUDA device worker's
+//   - Each worker calls Add() when a host collective returns: the wall time
+//     of the collective call only, not its queueing or local reduction, and
+//     the bytes that crossed the link meanwhile: its own (a fused launch:
+//     its packed bytes) times the host collectives running beside it, itself
+//     included (the channels share one link; counting only its own bytes
+//     would read the time spent behind the others as latency, and the fit
+//     would grow partitions with the load). The fit's bandwidth is then the
+//     link's. Failed or aborted collectives are not added. The CUDA device worker's
 //     collectives run on another link and are not added.
 //   - Each node proposes: the scheduler puts Propose()'s two values into its
 //     negotiation vector, and the round's element-wise minimum gives every
@@ -192,6 +196,9 @@ class PartitionTuner {
   // `partition_bytes`, the whole window's choice; a half without a fit
   // does not.
   bool Steady(const std::vector<Sample>& window, int64_t partition_bytes) const;
+  // Propose() for this window and the values in use.
+  Proposal ProposeFor(const std::vector<Sample>& window,
+                      Proposal applied) const;
   // The rule's partition_bytes for `fit`, before hysteresis.
   int64_t PartitionFor(const Fit& fit) const;
   // The rule's credit_bytes for partitions of `partition_bytes`.
@@ -205,6 +212,14 @@ class PartitionTuner {
   std::vector<Sample> samples_ ABSL_GUARDED_BY(mu_);
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;
   Proposal applied_ ABSL_GUARDED_BY(mu_);
+  // Samples added so far, and the last proposal with what it was made from.
+  uint64_t added_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Cached {
+    uint64_t added = 0;
+    Proposal applied;
+    Proposal proposal;
+  };
+  mutable std::optional<Cached> cached_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton::agent

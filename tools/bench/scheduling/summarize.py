@@ -80,6 +80,24 @@ def row(base, mode, rounds, warmup):
     return out
 
 
+def tuning(logs):
+    """Per baton job, the partition size and credit it ended with and how
+    many times the agents changed them (their "partitions of" log lines)."""
+    pattern = re.compile(r"job=sched-(\S+) gen=\d+ node=0 partitions of (\d+) bytes "
+                         r"\(were \d+\), credit (\d+) bytes")
+    jobs = {}
+    for path in sorted(glob.glob(os.path.join(logs, "agent*.log"))):
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = pattern.search(line)
+                if m:
+                    changes, _, _ = jobs.get(m.group(1), (0, 0, 0))
+                    jobs[m.group(1)] = (changes + 1, int(m.group(2)), int(m.group(3)))
+    return ["%s ended at partitions of %d KiB, credit %d KiB (%d change%s)" %
+            (job, p >> 10, c >> 10, n, "" if n == 1 else "s")
+            for job, (n, p, c) in sorted(jobs.items())]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--logs", required=True, help="the trainers' result files")
@@ -265,12 +283,16 @@ def main():
         if all(baton[k + "_default"] for k in ("partition_bytes", "credit_bytes")):
             known = ["%s %s" % (label, size(name)) for name, label in
                      (("partition_bytes", "partition"), ("credit_bytes", "agent credit")) if name in baton]
-            text = "baton defaults" + (" (%s)" % ", ".join(known) if known else "")
+            text = "baton defaults" + (" (tuned online, starting at %s)" % ", ".join(known)
+                                       if known else "")
         else:
             text = ", ".join(parts)
         if "agent_flags" in baton:
             text += "; agent flags: %s" % baton["agent_flags"]
         print("\nbaton jobs: %s." % text)
+        tuned = tuning(args.logs)
+        if tuned:
+            print("\nTuning (the agents' logs, node 0): %s." % "; ".join(tuned))
     missing = [m for m in MODES if m not in rows]
     if missing:
         print("\nmissing (failed or not run): %s" % ", ".join(missing))
