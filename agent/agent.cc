@@ -146,6 +146,7 @@ absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
   env.transport = transport_.get();
   env.gpus = &gpus_;
   env.metrics = metrics_.ForJob(job);
+  env.clock = clock_;
   env.store_factory = [this](const std::string& name, int64_t generation) {
     RendezvousClient::Options options;
     options.clock = clock_;

@@ -26,8 +26,8 @@ namespace baton::agent {
 class Agent {
  public:
   // `gpus`: the GPUs this node drives for CUDA tensors (none by default).
-  // `clock` times the coordinator session, the rendezvous and the data
-  // plane's transport; it must outlive the agent.
+  // `clock` times the coordinator session, the rendezvous, the data
+  // plane's transport and the jobs; it must outlive the agent.
   explicit Agent(AgentConfig config, GpuSupport gpus = {},
                  Clock* clock = Clock::Real());
   ~Agent();

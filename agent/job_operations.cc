@@ -1,15 +1,14 @@
-// Operations: validating enqueues, building, submitting and finishing them.
+#include "agent/job_operations.h"
+
 #include <algorithm>
 #include <atomic>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "agent/agent_job.h"
 #include "agent/scheduler/negotiation.h"
-#include "glog/logging.h"
 
 namespace baton::agent {
 namespace {
@@ -29,137 +28,152 @@ std::string FailureMessage(const std::string& tensor, int64_t step,
 
 }  // namespace
 
-absl::Status AgentJob::ValidateEnqueue(int32_t rank,
-                                       const v1::EnqueueRequest& r) {
-  if (r.index() < 0 || r.index() >= trainers_[rank].declared) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("EnqueueRequest.index is ", r.index(), "; local rank ",
-                     rank, " declared ", trainers_[rank].declared,
-                     " tensors (0..", trainers_[rank].declared - 1, ")"));
+JobOperations::JobOperations(std::string job, const JobEnvironment& env,
+                             JobTrainers* trainers, JobMembership* membership,
+                             std::function<void(std::function<void()>)> post)
+    : job_(std::move(job)),
+      env_(env),
+      config_(*env.config),
+      clock_(*env.clock),
+      trainers_(*trainers),
+      membership_(*membership),
+      post_(std::move(post)) {}
+
+void JobOperations::TensorsDeclared() {
+  op_of_tensor_.resize(trainers_.tensor_count(), 0);
+  lease_of_tensor_.resize(trainers_.tensor_count(), 0);
+}
+
+absl::Status JobOperations::ValidateEnqueue(int32_t rank,
+                                            const TensorEnqueue& e) const {
+  const int32_t declared = trainers_.trainer(rank).declared;
+  if (e.index < 0 || e.index >= declared) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "EnqueueRequest.index is ", e.index, "; local rank ", rank,
+        " declared ", declared, " tensors (0..", declared - 1, ")"));
   }
-  const LocalTensor& tensor = *tensors_[r.index()];
+  const LocalTensor& tensor = trainers_.tensor(e.index);
   const std::string named = absl::StrCat("tensor \"", tensor.spec.name(), "\"");
   if (!tensor.mismatch.ok()) return tensor.mismatch;
-  if (r.step() < 0 || r.step() > Negotiation::kMaxStep) {
+  if (e.step < 0 || e.step > Negotiation::kMaxStep) {
     return absl::InvalidArgumentError(
-        absl::StrCat("EnqueueRequest.step is ", r.step(), " for ", named,
+        absl::StrCat("EnqueueRequest.step is ", e.step, " for ", named,
                      "; give a step in 0..", Negotiation::kMaxStep));
   }
-  if (r.step() <= tensor.last_step[rank]) {
+  if (e.step <= tensor.last_step[rank]) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "EnqueueRequest.step is ", r.step(), " for ", named, " but local rank ",
+        "EnqueueRequest.step is ", e.step, " for ", named, " but local rank ",
         rank, " already enqueued step ", tensor.last_step[rank],
         "; steps of a tensor must increase"));
   }
-  const uint64_t current = op_of_tensor_[r.index()];
+  const uint64_t current = op_of_tensor_[e.index];
   if (current != 0) {
     const PendingOp& pending = ops_.at(current);
     if (pending.ranks[rank].present) {
       return absl::FailedPreconditionError(absl::StrCat(
           named, " step ", pending.step, " of local rank ", rank,
-          " has not completed; wait for it before enqueueing step ", r.step()));
+          " has not completed; wait for it before enqueueing step ", e.step));
     }
-    if (pending.step != r.step()) {
+    if (pending.step != e.step) {
       return absl::InvalidArgumentError(
-          absl::StrCat("local rank ", rank, " enqueued step ", r.step(), " of ",
+          absl::StrCat("local rank ", rank, " enqueued step ", e.step, " of ",
                        named, " while the other local ranks enqueued step ",
                        pending.step, "; every rank must run the same steps"));
     }
   }
   if (tensor.spec.op() == v1::COLLECTIVE_OP_BROADCAST) {
-    if (r.average()) {
+    if (e.average) {
       return absl::InvalidArgumentError(absl::StrCat(
           "EnqueueRequest.average is set for ", named,
           ", which was declared BROADCAST; average applies to PUSH_PULL"));
     }
-    const int32_t world = membership_ ? membership_->world_size() : 0;
-    if (r.root_rank() < 0 || (world > 0 && r.root_rank() >= world) ||
-        r.root_rank() > Negotiation::kMaxRootRank) {
+    const int32_t world =
+        membership_.membership() ? membership_.membership()->world_size() : 0;
+    if (e.root_rank < 0 || (world > 0 && e.root_rank >= world) ||
+        e.root_rank > Negotiation::kMaxRootRank) {
       return absl::InvalidArgumentError(
-          absl::StrCat("EnqueueRequest.root_rank is ", r.root_rank(), " for ",
+          absl::StrCat("EnqueueRequest.root_rank is ", e.root_rank, " for ",
                        named, "; give a global rank in 0..", world - 1));
     }
   }
   return absl::OkStatus();
 }
 
-void AgentJob::FailOp(int32_t rank, const v1::EnqueueRequest& request,
-                      const absl::Status& status) {
+void JobOperations::FailOp(int32_t rank, const TensorEnqueue& enqueue,
+                           const absl::Status& status) {
   v1::TrainerEvent event;
   v1::OperationFailed* failed = event.mutable_failed();
-  failed->set_index(request.index());
+  failed->set_index(enqueue.index);
   std::string message(status.message());
-  if (request.index() >= 0 &&
-      request.index() < static_cast<int32_t>(tensors_.size())) {
-    const std::string& name = tensors_[request.index()]->spec.name();
+  if (enqueue.index >= 0 && enqueue.index < trainers_.tensor_count()) {
+    const std::string& name = trainers_.tensor(enqueue.index).spec.name();
     failed->set_tensor(name);
-    message = FailureMessage(name, request.step(), message);
+    message = FailureMessage(name, enqueue.step, message);
   }
-  failed->set_step(request.step());
-  failed->set_generation(membership_ ? membership_->generation() : 0);
+  failed->set_step(enqueue.step);
+  failed->set_generation(membership_.generation());
   failed->set_code(static_cast<int32_t>(status.code()));
   failed->set_message(std::move(message));
-  trainers_[rank].sink->Send(std::move(event));
+  trainers_.trainer(rank).sink->Send(std::move(event));
   env_.metrics->EnqueueRefused();
 }
 
-void AgentJob::HandleEnqueue(TrainerSink* sink,
-                             const v1::EnqueueRequest& request,
-                             bool via_channel) {
-  const int32_t rank = RankOf(sink);
-  if (rank < 0) return;
-  if (membership_ &&
-      (state_ == State::kReforming || state_ == State::kJoining)) {
+void JobOperations::Enqueue(int32_t rank, const TensorEnqueue& enqueue) {
+  using State = JobMembership::State;
+  const State state = membership_.state();
+  if (membership_.membership() &&
+      (state == State::kReforming || state == State::kJoining)) {
     // Between generations nothing can run: say so at once rather than hold
     // the operation until a generation that may never come.
-    auto aborted = aborted_.find(membership_->generation());
-    return FailOp(rank, request,
-                  aborted != aborted_.end()
-                      ? aborted->second
-                      : absl::AbortedError(
-                            absl::StrCat("job \"", name_,
-                                         "\" is between generations; "
-                                         "wait for the next one and retry")));
+    const absl::Status* aborted =
+        membership_.aborted(membership_.membership()->generation());
+    return FailOp(rank, enqueue,
+                  aborted != nullptr ? *aborted
+                                     : absl::AbortedError(absl::StrCat(
+                                           "job \"", job_,
+                                           "\" is between generations; "
+                                           "wait for the next one and retry")));
   }
-  if (state_ == State::kAttaching || state_ == State::kJoining ||
-      state_ == State::kDone) {
-    return FailOp(rank, request,
+  if (state == State::kAttaching || state == State::kJoining ||
+      state == State::kDone) {
+    return FailOp(rank, enqueue,
                   absl::FailedPreconditionError(
-                      absl::StrCat("job \"", name_,
+                      absl::StrCat("job \"", job_,
                                    "\" has no sealed generation yet; "
                                    "enqueue after `attached`")));
   }
-  if (data_plane_stopped_) return FailOp(rank, request, *data_plane_stopped_);
+  if (membership_.data_plane_stopped()) {
+    return FailOp(rank, enqueue, *membership_.data_plane_stopped());
+  }
   // The trainer may have heard of the previous step's success before this
   // thread did.
-  RetireFinished(request.index());
-  absl::Status status = ValidateEnqueue(rank, request);
-  if (!status.ok()) return FailOp(rank, request, status);
-  LocalTensor& tensor = *tensors_[request.index()];
-  uint64_t& current = op_of_tensor_[request.index()];
+  RetireFinished(enqueue.index);
+  absl::Status status = ValidateEnqueue(rank, enqueue);
+  if (!status.ok()) return FailOp(rank, enqueue, status);
+  LocalTensor& tensor = trainers_.tensor(enqueue.index);
+  uint64_t& current = op_of_tensor_[enqueue.index];
   if (current != 0) {
     // Local ranks must agree on average and root: otherwise the operation
     // cannot run, and every local rank that enqueued it hears why.
     PendingOp& pending = ops_.at(current);
     for (const Enqueued& other : pending.ranks) {
       if (!other.present) continue;
-      const auto& o = other.request;
-      if (o.average() != request.average() ||
-          o.root_rank() != request.root_rank()) {
+      const TensorEnqueue& o = other.enqueue;
+      if (o.average != enqueue.average || o.root_rank != enqueue.root_rank) {
         const absl::Status disagree = absl::InvalidArgumentError(absl::StrCat(
-            "local rank ", rank, " enqueued step ", request.step(),
+            "local rank ", rank, " enqueued step ", enqueue.step,
             " of tensor \"", tensor.spec.name(), "\" with average=",
-            request.average(), " root_rank=", request.root_rank(),
-            " but another local rank used average=", o.average(), " root_rank=",
-            o.root_rank(), "; every rank must enqueue the same operation"));
-        FailOp(rank, request, disagree);
+            enqueue.average, " root_rank=", enqueue.root_rank,
+            " but another local rank used average=", o.average, " root_rank=",
+            o.root_rank, "; every rank must enqueue the same operation"));
+        FailOp(rank, enqueue, disagree);
         FinishOp(pending, disagree);
         return;
       }
       break;
     }
   }
-  tensor.last_step[rank] = request.step();
+  tensor.last_step[rank] = enqueue.step;
   if (!tensor.first_enqueued[rank]) {
     tensor.first_enqueued[rank] = true;
     if (!tensor.unlinked &&
@@ -175,34 +189,35 @@ void AgentJob::HandleEnqueue(TrainerSink* sink,
     current = next_op_id.fetch_add(1);
     PendingOp& pending = ops_[current];
     pending.id = current;
-    pending.index = request.index();
-    pending.step = request.step();
-    pending.generation = membership_ ? membership_->generation() : 0;
-    pending.first_enqueued = Clock::now();
-    pending.ranks.assign(params_.local_size(), Enqueued{});
+    pending.index = enqueue.index;
+    pending.step = enqueue.step;
+    pending.generation = membership_.generation();
+    pending.first_enqueued = clock_.Now();
+    pending.ranks.assign(trainers_.local_size(), Enqueued{});
   }
   PendingOp& pending = ops_.at(current);
-  pending.ranks[rank] = Enqueued{true, request, via_channel};
+  pending.ranks[rank] = Enqueued{true, enqueue};
   if (std::all_of(pending.ranks.begin(), pending.ranks.end(),
                   [](const Enqueued& e) { return e.present; })) {
     MakeReady(pending);
   }
 }
 
-void AgentJob::MakeReady(PendingOp& pending) {
-  LocalTensor& tensor = *tensors_[pending.index];
-  const v1::EnqueueRequest& request = pending.ranks[0].request;
-  pending.ready = Clock::now();
-  pending.generation = membership_ ? membership_->generation() : 0;
+void JobOperations::MakeReady(PendingOp& pending) {
+  LocalTensor& tensor = trainers_.tensor(pending.index);
+  const TensorEnqueue& enqueue = pending.ranks[0].enqueue;
+  const absl::Time now = clock_.Now();
+  pending.ready = now;
+  pending.generation = membership_.generation();
   auto op = std::make_shared<Operation>();
   op->id = pending.id;
   op->tensor_name = tensor.spec.name();
   op->step = pending.step;
   op->kind = tensor.spec.op();
   op->dtype = tensor.spec.dtype();
-  op->average = request.average();
+  op->average = enqueue.average;
   op->size_bytes = tensor.size_bytes;
-  op->ready_unix_us = absl::ToUnixMicros(absl::Now());
+  op->ready_unix_us = absl::ToUnixMicros(now);
   if (tensor.on_device()) {
     op->on_device = true;
     for (size_t rank = 0; rank < tensor.device_buffers.size(); ++rank) {
@@ -217,29 +232,31 @@ void AgentJob::MakeReady(PendingOp& pending) {
     op->output = tensor.memory.data() + tensor.output_offset;
   }
   if (op->kind == v1::COLLECTIVE_OP_BROADCAST)
-    op->root_rank = request.root_rank();
+    op->root_rank = enqueue.root_rank;
   pending.op = std::move(op);
   TrySubmit(pending);
 }
 
-void AgentJob::TrySubmit(PendingOp& pending) {
-  if (pending.data_plane != nullptr || !pending.op || !data_plane_ ||
-      state_ != State::kRunning) {
+void JobOperations::TrySubmit(PendingOp& pending) {
+  Scheduler* const data_plane = membership_.data_plane();
+  if (pending.data_plane != nullptr || !pending.op || data_plane == nullptr ||
+      membership_.state() != JobMembership::State::kRunning) {
     return;
   }
-  LocalTensor& tensor = *tensors_[pending.index];
-  if (tensor.tensor_id < 0 || !membership_) return;
+  LocalTensor& tensor = trainers_.tensor(pending.index);
+  if (tensor.tensor_id < 0 || !membership_.membership()) return;
+  const v1::Membership& membership = *membership_.membership();
   if (lease_of_tensor_[pending.index] != 0) return;
   if (pending.op->on_device) {
-    if (devices_failed_ && devices_generation_ == membership_->generation()) {
-      FinishOp(pending, *devices_failed_);
+    if (const absl::Status* failed = membership_.devices_failed()) {
+      FinishOp(pending, *failed);
       return;
     }
     // Waits for this generation's GPU communicators.
-    if (!data_plane_->has_devices()) return;
+    if (!data_plane->has_devices()) return;
     // The hierarchical path stages the cross-node step in host memory.
     if (config_.gpu_cross_node == GpuCrossNode::kGloo &&
-        membership_->nodes_size() > 1) {
+        membership.nodes_size() > 1) {
       if (tensor.stage.empty()) tensor.stage.resize(tensor.size_bytes);
       pending.op->output = tensor.stage.data();
     }
@@ -251,17 +268,19 @@ void AgentJob::TrySubmit(PendingOp& pending) {
   op->priority = tensor.priority;
   // 0: the scheduler's own (tuned) size.
   op->partition_bytes =
-      mode_ == SchedulingMode::kFifo || TunesPartitions() ? 0 : partition_bytes_;
+      trainers_.mode() == SchedulingMode::kFifo || trainers_.TunesPartitions()
+          ? 0
+          : membership_.partition_bytes();
   if (op->kind == v1::COLLECTIVE_OP_BROADCAST) {
-    if (op->root_rank >= membership_->world_size()) {
+    if (op->root_rank >= membership.world_size()) {
       FinishOp(pending, absl::InvalidArgumentError(absl::StrCat(
                             "root rank ", op->root_rank, " of broadcast of \"",
                             op->tensor_name, "\" is outside the world of ",
-                            membership_->world_size(), " ranks")));
+                            membership.world_size(), " ranks")));
       return;
     }
     int32_t root_offset = 0;
-    for (const v1::NodeInfo& node : membership_->nodes()) {
+    for (const v1::NodeInfo& node : membership.nodes()) {
       if (op->root_rank >= node.rank_offset() &&
           op->root_rank < node.rank_offset() + node.local_size()) {
         op->root_node = node.node_rank();
@@ -270,51 +289,45 @@ void AgentJob::TrySubmit(PendingOp& pending) {
     }
     // A CUDA tensor's broadcast starts at the root's GPU, which every node
     // names (NCCL rank = node rank x GPUs per node + local GPU).
-    op->root_local = op->root_node == node_rank_ || op->on_device
+    op->root_local = op->root_node == membership_.node_rank() || op->on_device
                          ? op->root_rank - root_offset
                          : -1;
   }
-  pending.generation = membership_->generation();
-  pending.data_plane = data_plane_.get();
+  pending.generation = membership.generation();
+  pending.data_plane = data_plane;
   PrepareDelivery(pending);
-  data_plane_->Submit(pending.op);
+  data_plane->Submit(pending.op);
 }
 
-bool AgentJob::ChannelMapping::Complete(const ChannelEntry& entry) {
-  absl::MutexLock lock(&completions_mu);
-  if (!channel->completions.Push(entry)) return false;
-  channel->completion_bell.Ring();
-  return true;
-}
-
-void AgentJob::PrepareDelivery(const PendingOp& pending) {
+void JobOperations::PrepareDelivery(const PendingOp& pending) {
   Delivery delivery;
   for (size_t r = 0; r < pending.ranks.size(); ++r) {
-    const Trainer& trainer = trainers_[r];
+    const JobTrainers::Trainer& trainer =
+        trainers_.trainer(static_cast<int32_t>(r));
     if (!pending.ranks[r].present || !trainer.sink || trainer.detached) {
       continue;
     }
     delivery.targets.push_back(
         {static_cast<int32_t>(r), trainer.sink,
-         pending.ranks[r].via_channel ? trainer.mapping : nullptr});
+         pending.ranks[r].enqueue.via_channel ? trainer.mapping : nullptr});
   }
   delivery.entry =
       ChannelEntry{pending.index, 0, pending.step, pending.generation, 0};
   v1::Completion* c = delivery.completion.mutable_completion();
   c->set_index(pending.index);
-  c->set_tensor(tensors_[pending.index]->spec.name());
+  c->set_tensor(trainers_.tensor(pending.index).spec.name());
   c->set_step(pending.step);
   c->set_generation(pending.generation);
   absl::MutexLock lock(&deliveries_mu_);
   deliveries_[pending.id] = std::move(delivery);
 }
 
-bool AgentJob::TakeDelivery(uint64_t id) {
+bool JobOperations::TakeDelivery(uint64_t id) {
   absl::MutexLock lock(&deliveries_mu_);
   return deliveries_.erase(id) > 0;
 }
 
-void AgentJob::DropDeliveries(int32_t rank) {
+void JobOperations::DropDeliveries(int32_t rank) {
   absl::MutexLock lock(&deliveries_mu_);
   for (auto& [id, delivery] : deliveries_) {
     auto& targets = delivery.targets;
@@ -326,7 +339,7 @@ void AgentJob::DropDeliveries(int32_t rank) {
   }
 }
 
-void AgentJob::OpDone(uint64_t id, absl::Status status) {
+void JobOperations::OpDone(uint64_t id, absl::Status status) {
   if (status.ok()) {
     Delivery delivery;
     {
@@ -337,7 +350,7 @@ void AgentJob::OpDone(uint64_t id, absl::Status status) {
         deliveries_.erase(it);
         // Before the trainers can hear of it: their next enqueue of this
         // tensor finds it free (RetireFinished).
-        finished_[id] = Clock::now();
+        finished_[id] = clock_.Now();
       }
     }
     for (const Delivery::Target& target : delivery.targets) {
@@ -348,12 +361,12 @@ void AgentJob::OpDone(uint64_t id, absl::Status status) {
       }
     }
   }
-  Post([this, id, status = std::move(status)]() mutable {
+  post_([this, id, status = std::move(status)]() mutable {
     OnOpDone(id, std::move(status));
   });
 }
 
-void AgentJob::RetireFinished(int32_t index) {
+void JobOperations::RetireFinished(int32_t index) {
   if (index < 0 || static_cast<size_t>(index) >= op_of_tensor_.size() ||
       op_of_tensor_[index] == 0) {
     return;
@@ -366,7 +379,7 @@ void AgentJob::RetireFinished(int32_t index) {
   OnOpDone(id, absl::OkStatus());
 }
 
-void AgentJob::SubmitWaiting() {
+void JobOperations::SubmitWaiting() {
   std::vector<uint64_t> ids;
   for (auto& [id, pending] : ops_) {
     if (pending.op && pending.data_plane == nullptr) ids.push_back(id);
@@ -379,8 +392,8 @@ void AgentJob::SubmitWaiting() {
   }
 }
 
-void AgentJob::OnOpDone(uint64_t id, absl::Status status) {
-  std::optional<Clock::time_point> finished;
+void JobOperations::OnOpDone(uint64_t id, absl::Status status) {
+  std::optional<absl::Time> finished;
   {
     absl::MutexLock lock(&deliveries_mu_);
     // A failure leaves its delivery record: FinishOp takes it.
@@ -401,23 +414,21 @@ void AgentJob::OnOpDone(uint64_t id, absl::Status status) {
     return;
   }
   if (!status.ok()) {
-    auto aborted = aborted_.find(pending.generation);
-    if (aborted != aborted_.end()) {
+    if (const absl::Status* aborted = membership_.aborted(pending.generation)) {
       status = absl::Status(
-          aborted->second.code(),
-          absl::StrCat(aborted->second.message(),
+          aborted->code(),
+          absl::StrCat(aborted->message(),
                        " (the data plane saw: ", status.message(), ")"));
-    } else if (data_plane_failure_) {
-      held_failures_.emplace_back(id, std::move(status));
+    } else if (membership_.HoldFailure(id, status)) {
       return;
     }
   }
   // A success's latency ends when OpDone told the trainers.
-  FinishOp(pending, status, finished.value_or(Clock::now()));
+  FinishOp(pending, status, finished.value_or(clock_.Now()));
 }
 
-void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
-  const LocalTensor& tensor = *tensors_[pending.index];
+void JobOperations::Notify(PendingOp& pending, const absl::Status& status) {
+  const LocalTensor& tensor = trainers_.tensor(pending.index);
   std::optional<v1::TrainerEvent> event;
   if (!status.ok()) {
     // Whoever takes the delivery record tells the trainers; OpDone did not.
@@ -433,15 +444,16 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
     f->set_message(
         FailureMessage(tensor.spec.name(), pending.step, status.message()));
   }
-  LocalTensor& leased = *tensors_[pending.index];
+  LocalTensor& leased = trainers_.tensor(pending.index);
   for (size_t r = 0; r < pending.ranks.size(); ++r) {
     if (!pending.ranks[r].present) continue;
-    Trainer& trainer = trainers_[r];
+    const int32_t rank = static_cast<int32_t>(r);
     if (status.ok()) {
       // OpDone told it (a success reaches the trainers only that way).
-      trainer.completed_step = std::max(trainer.completed_step, pending.step);
+      trainers_.Completed(rank, pending.step);
       continue;
     }
+    const JobTrainers::Trainer& trainer = trainers_.trainer(rank);
     // A failed step may be enqueued again (a retry after re-syncing).
     leased.last_step[r] = std::min(leased.last_step[r], pending.step - 1);
     if (trainer.sink && !trainer.detached) trainer.sink->Send(*event);
@@ -451,15 +463,21 @@ void AgentJob::Notify(PendingOp& pending, const absl::Status& status) {
   }
 }
 
-void AgentJob::FinishOp(PendingOp& pending, const absl::Status& status,
-                        Clock::time_point ended) {
-  const LocalTensor& tensor = *tensors_[pending.index];
+void JobOperations::FinishOp(PendingOp& pending, const absl::Status& status) {
+  FinishOp(pending, status, clock_.Now());
+}
+
+void JobOperations::FinishOp(PendingOp& pending, const absl::Status& status,
+                             absl::Time ended) {
+  const LocalTensor& tensor = trainers_.tensor(pending.index);
   if (status.ok() && tensor.tensor_id >= 0) {
-    const Clock::duration latency = ended - pending.first_enqueued;
-    env_.metrics->OperationCompleted(tensor.spec.name(), latency,
+    // Never below 0, even if the wall clock stepped back meanwhile.
+    const absl::Duration latency =
+        std::max(ended - pending.first_enqueued, absl::ZeroDuration());
+    env_.metrics->OperationCompleted(tensor.spec.name(),
+                                     absl::ToChronoNanoseconds(latency),
                                      tensor.size_bytes);
-    const int64_t us =
-        std::chrono::duration_cast<std::chrono::microseconds>(latency).count();
+    const int64_t us = absl::ToInt64Microseconds(latency);
     Latency& l = latencies_[static_cast<uint32_t>(tensor.tensor_id)];
     ++l.count;
     l.total_us += us;
@@ -469,7 +487,7 @@ void AgentJob::FinishOp(PendingOp& pending, const absl::Status& status,
   ops_.erase(pending.id);
 }
 
-void AgentJob::FailNow(PendingOp& pending, const absl::Status& status) {
+void JobOperations::FailNow(PendingOp& pending, const absl::Status& status) {
   if (pending.notified) return;
   if (pending.data_plane == nullptr) {
     FinishOp(pending, status);
@@ -480,6 +498,44 @@ void AgentJob::FailNow(PendingOp& pending, const absl::Status& status) {
   Notify(pending, status);
   pending.notified = true;
   lease_of_tensor_[pending.index] = pending.id;
+}
+
+void JobOperations::Finish(uint64_t id, const absl::Status& status) {
+  auto it = ops_.find(id);
+  if (it != ops_.end()) FinishOp(it->second, status);
+}
+
+void JobOperations::FailUnsubmitted(int32_t index, const absl::Status& status) {
+  const uint64_t id = op_of_tensor_[index];
+  if (id != 0 && ops_.at(id).data_plane == nullptr) {
+    FinishOp(ops_.at(id), status);
+  }
+}
+
+void JobOperations::FailGeneration(int64_t generation,
+                                   const absl::Status& status,
+                                   bool only_waiting) {
+  std::vector<uint64_t> ids;
+  for (auto& [id, pending] : ops_) {
+    if (only_waiting && pending.data_plane != nullptr) continue;
+    if (!pending.notified && pending.generation == generation) {
+      ids.push_back(id);
+    }
+  }
+  for (uint64_t id : ids) FailNow(ops_.at(id), status);
+}
+
+void JobOperations::FailAll(const absl::Status& status) {
+  std::vector<uint64_t> ids;
+  for (auto& [id, pending] : ops_) {
+    if (!pending.notified) ids.push_back(id);
+  }
+  for (uint64_t id : ids) FailNow(ops_.at(id), status);
+}
+
+absl::flat_hash_map<uint32_t, JobOperations::Latency>
+JobOperations::TakeLatencies() {
+  return std::exchange(latencies_, {});
 }
 
 }  // namespace baton::agent

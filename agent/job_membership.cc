@@ -1,26 +1,85 @@
-// The coordinator's side of a job on this node: joining, membership and
-// generations, the tensor plan, reports, and the data plane's life.
+#include "agent/job_membership.h"
+
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "agent/agent_job.h"
 #include "common/log_context.h"
 #include "glog/logging.h"
 
 namespace baton::agent {
 
-void AgentJob::HandleCoordinatorMessage(const v1::CoordinatorMessage& m) {
+JobMembership::JobMembership(std::string job, const JobEnvironment& env,
+                             JobTrainers* trainers, Callbacks callbacks)
+    : job_(std::move(job)),
+      env_(env),
+      config_(*env.config),
+      clock_(*env.clock),
+      trainers_(*trainers),
+      callbacks_(std::move(callbacks)) {
+  if (!config_.launch_trace_dir.empty()) {
+    const std::string path = absl::StrCat(config_.launch_trace_dir, "/", job_,
+                                          ".", config_.node_name, ".launches");
+    launch_trace_ = std::fopen(path.c_str(), "a");
+    if (launch_trace_ == nullptr) {
+      LOG(ERROR) << JobLogPrefix() << "cannot open launch trace " << path;
+    }
+  }
+}
+
+JobMembership::~JobMembership() {
+  StopDataPlanes();
+  if (launch_trace_ != nullptr) std::fclose(launch_trace_);
+}
+
+void JobMembership::StopDataPlanes() {
+  for (std::thread& t : connectors_) t.join();
+  connectors_.clear();
+  data_plane_.reset();
+  retired_.clear();
+}
+
+void JobMembership::Join() {
+  state_ = State::kJoining;
+  SendJoin();
+}
+
+void JobMembership::Leave(const absl::Status& status, bool finished) {
+  if (state_ != State::kJoining && state_ != State::kRunning &&
+      state_ != State::kReforming) {
+    return;
+  }
+  v1::AgentMessage message;
+  v1::LeaveJob* leave = message.mutable_leave();
+  leave->set_job(job_);
+  leave->set_generation(membership_ ? membership_->generation() : 0);
+  leave->set_finished(finished);
+  leave->set_reason(std::string(status.message()));
+  if (finished && data_plane_) {
+    // Every node stops after the round that carries this; the data plane
+    // finishes on its own, without an abort.
+    data_plane_->Leave();
+    retired_.push_back(std::move(data_plane_));
+  }
+  env_.coordinator->Send(std::move(message));
+}
+
+void JobMembership::End(const absl::Status& status) {
+  state_ = State::kDone;
+  if (data_plane_) RetireDataPlane(status);
+  held_failures_.clear();
+}
+
+void JobMembership::HandleCoordinatorMessage(const v1::CoordinatorMessage& m) {
   if (m.has_timeline_request()) {
     // Answered in every state: what ran before the job ended is still here.
     const v1::TimelineRequest& request = m.timeline_request();
     v1::AgentMessage reply;
     v1::TimelineReply* body = reply.mutable_timeline_reply();
     body->set_request_id(request.request_id());
-    body->set_job(name_);
+    body->set_job(job_);
     bool truncated = false;
     for (v1::PartitionTrace& trace : timeline_.Query(
              request.first_step(), request.last_step(), &truncated)) {
@@ -54,10 +113,10 @@ void AgentJob::HandleCoordinatorMessage(const v1::CoordinatorMessage& m) {
       const absl::Status status =
           ended.state() == v1::JOB_STATE_FINISHED
               ? absl::FailedPreconditionError(absl::StrCat(
-                    "job \"", name_, "\" finished: ", ended.reason()))
-              : absl::AbortedError(absl::StrCat("job \"", name_,
+                    "job \"", job_, "\" finished: ", ended.reason()))
+              : absl::AbortedError(absl::StrCat("job \"", job_,
                                                 "\" failed: ", ended.reason()));
-      End(status);
+      callbacks_.end(status);
       break;
     }
     default:
@@ -65,22 +124,22 @@ void AgentJob::HandleCoordinatorMessage(const v1::CoordinatorMessage& m) {
   }
 }
 
-void AgentJob::SendJoin() {
+void JobMembership::SendJoin() {
   v1::AgentMessage message;
   v1::JoinJob* join = message.mutable_join();
-  join->set_job(name_);
+  join->set_job(job_);
   // Port 0: gloo's ports go through the rendezvous store.
   join->set_data_address(config_.data_host.find(':') == std::string::npos
                              ? config_.data_host + ":0"
                              : "[" + config_.data_host + "]:0");
-  join->set_local_size(params_.local_size());
-  join->set_expected_nodes(params_.expected_nodes());
-  join->set_min_nodes(params_.min_nodes());
-  join->set_partition_bytes(params_.partition_bytes());
+  join->set_local_size(trainers_.params().local_size());
+  join->set_expected_nodes(trainers_.params().expected_nodes());
+  join->set_min_nodes(trainers_.params().min_nodes());
+  join->set_partition_bytes(trainers_.params().partition_bytes());
   join_seq_ = env_.coordinator->Send(std::move(message));
 }
 
-void AgentJob::HandleSession(bool restarted) {
+void JobMembership::HandleSession(bool restarted) {
   if (state_ == State::kJoining) {
     SendJoin();
     return;
@@ -98,9 +157,9 @@ void AgentJob::HandleSession(bool restarted) {
   v1::RejoinJob* rejoin = message.mutable_rejoin();
   *rejoin->mutable_membership() = *membership_;
   if (plan_) *rejoin->mutable_plan() = *plan_;
-  rejoin->set_completed_step(CompletedStep());
-  rejoin->set_expected_nodes(params_.expected_nodes());
-  rejoin->set_min_nodes(params_.min_nodes());
+  rejoin->set_completed_step(trainers_.CompletedStep());
+  rejoin->set_expected_nodes(trainers_.params().expected_nodes());
+  rejoin->set_min_nodes(trainers_.params().min_nodes());
   rejoin->set_partition_bytes(partition_bytes_);
   rejoin_seq_ = env_.coordinator->Send(std::move(message));
   manifest_sent_ = 0;
@@ -110,7 +169,7 @@ void AgentJob::HandleSession(bool restarted) {
             << "; re-reported generation " << membership_->generation();
 }
 
-void AgentJob::HandleMembership(const v1::Membership& m) {
+void JobMembership::HandleMembership(const v1::Membership& m) {
   if (membership_ && m.generation() <= membership_->generation()) return;
   int32_t node_rank = -1;
   int32_t rank_offset = 0;
@@ -118,20 +177,20 @@ void AgentJob::HandleMembership(const v1::Membership& m) {
     if (node.node_name() == config_.node_name) {
       node_rank = node.node_rank();
       rank_offset = node.rank_offset();
-      if (node.local_size() != params_.local_size()) node_rank = -2;
+      if (node.local_size() != trainers_.params().local_size()) node_rank = -2;
     }
   }
   if (node_rank < 0) {
-    End(absl::InternalError(absl::StrCat(
+    callbacks_.end(absl::InternalError(absl::StrCat(
         "the coordinator sealed generation ", m.generation(), " of job \"",
-        name_, "\" ",
+        job_, "\" ",
         node_rank == -1 ? "without this node" : "with a wrong local_size",
         "; report this as a bug")));
     return;
   }
   if (data_plane_) {
     RetireDataPlane(absl::AbortedError(absl::StrCat(
-        "job \"", name_, "\" moved to generation ", m.generation())));
+        "job \"", job_, "\" moved to generation ", m.generation())));
   }
   // Failures held for a previous generation are reported now.
   auto held = std::move(held_failures_);
@@ -139,11 +198,12 @@ void AgentJob::HandleMembership(const v1::Membership& m) {
   const std::optional<absl::Status> failure = data_plane_failure_;
   data_plane_failure_.reset();
   for (auto& [id, status] : held) {
-    auto it = ops_.find(id);
-    if (it != ops_.end()) FinishOp(it->second, failure ? *failure : status);
+    callbacks_.finish(id, failure ? *failure : status);
   }
   // The coordinator checks manifests afresh in every generation.
-  for (auto& tensor : tensors_) tensor->mismatch = absl::OkStatus();
+  for (int32_t i = 0; i < trainers_.tensor_count(); ++i) {
+    trainers_.tensor(i).mismatch = absl::OkStatus();
+  }
   membership_ = m;
   node_rank_ = node_rank;
   rank_offset_ = rank_offset;
@@ -158,81 +218,75 @@ void AgentJob::HandleMembership(const v1::Membership& m) {
   ConnectDataPlane();
 }
 
-v1::Attached AgentJob::AttachedFor(int32_t local_rank) const {
+v1::Attached JobMembership::AttachedFor(int32_t local_rank) const {
   v1::Attached a;
-  a.set_job(name_);
+  a.set_job(job_);
   a.set_generation(membership_->generation());
   a.set_rank(rank_offset_ + local_rank);
   a.set_size(membership_->world_size());
   a.set_local_rank(local_rank);
-  a.set_local_size(params_.local_size());
+  a.set_local_size(trainers_.params().local_size());
   a.set_node_rank(node_rank_);
   a.set_num_nodes(membership_->nodes_size());
-  a.set_scheduling(SchedulingModeName(mode_));
-  const Trainer& trainer = trainers_[local_rank];
-  if (trainer.mapping != nullptr) {
-    a.set_doorbell_shm_name(doorbell_memory_.name());
-    a.set_doorbell_shm_bytes(static_cast<int64_t>(doorbell_memory_.size()));
-    a.set_channel_shm_name(trainer.mapping->memory.name());
-    a.set_channel_shm_bytes(
-        static_cast<int64_t>(trainer.mapping->memory.size()));
-  }
+  a.set_scheduling(SchedulingModeName(trainers_.mode()));
+  trainers_.AddChannel(local_rank, &a);
   return a;
 }
 
-void AgentJob::SendAttached() {
-  for (size_t r = 0; r < trainers_.size(); ++r) {
-    Trainer& trainer = trainers_[r];
+void JobMembership::SendAttached() {
+  for (int32_t r = 0; r < trainers_.size(); ++r) {
+    const JobTrainers::Trainer& trainer = trainers_.trainer(r);
     if (!trainer.sink || trainer.detached) continue;
     v1::TrainerEvent event;
-    *event.mutable_attached() = AttachedFor(static_cast<int32_t>(r));
+    *event.mutable_attached() = AttachedFor(r);
     trainer.sink->Send(std::move(event));
   }
 }
 
-void AgentJob::SendManifest() {
+void JobMembership::SendManifest() {
   if (!membership_ || state_ != State::kRunning) return;
   int32_t complete = 0;
-  while (complete < static_cast<int32_t>(tensors_.size()) &&
-         tensors_[complete]->declared_by == params_.local_size()) {
+  while (complete < trainers_.tensor_count() &&
+         trainers_.tensor(complete).declared_by == trainers_.local_size()) {
     ++complete;
   }
   if (complete == manifest_sent_) return;
   v1::AgentMessage message;
   v1::Manifest* manifest = message.mutable_manifest();
-  manifest->set_job(name_);
+  manifest->set_job(job_);
   manifest->set_generation(membership_->generation());
   for (int32_t i = 0; i < complete; ++i) {
-    *manifest->add_tensors() = tensors_[i]->spec;
+    *manifest->add_tensors() = trainers_.tensor(i).spec;
   }
   manifest_seq_ = env_.coordinator->Send(std::move(message));
   manifest_sent_ = complete;
 }
 
-void AgentJob::HandlePlan(const v1::TensorPlan& plan) {
+void JobMembership::HandlePlan(const v1::TensorPlan& plan) {
   if (plan_ && plan.version() < plan_->version()) return;
   plan_ = plan;
   partition_bytes_ = plan.partition_bytes();
   for (const v1::TensorPlanEntry& entry : plan.tensors()) {
-    for (auto& tensor : tensors_) {
-      if (tensor->spec.name() != entry.spec().name()) continue;
-      tensor->tensor_id = entry.tensor_id();
-      tensor->priority = entry.priority();
+    for (int32_t i = 0; i < trainers_.tensor_count(); ++i) {
+      LocalTensor& tensor = trainers_.tensor(i);
+      if (tensor.spec.name() != entry.spec().name()) continue;
+      tensor.tensor_id = entry.tensor_id();
+      tensor.priority = entry.priority();
     }
   }
   // Ids are dense from 0; the data plane negotiates over the ids every
   // node knows.
   if (data_plane_) data_plane_->SetKnownTensors(plan.tensors_size());
   MaybeConnectDevices();
-  SubmitWaiting();
+  callbacks_.submit_waiting();
 }
 
-void AgentJob::HandleGenerationAborted(const v1::GenerationAborted& a) {
+void JobMembership::HandleGenerationAborted(const v1::GenerationAborted& a) {
   if (!membership_ || a.aborted_generation() != membership_->generation()) {
     return;
   }
   const absl::Status status = absl::AbortedError(absl::StrCat(
-      "generation ", a.aborted_generation(), " of job \"", name_,
+      "generation ", a.aborted_generation(), " of job \"", job_,
       "\" was aborted",
       a.lost_node().empty()
           ? ""
@@ -247,30 +301,28 @@ void AgentJob::HandleGenerationAborted(const v1::GenerationAborted& a) {
   data_plane_failure_.reset();
   auto held = std::move(held_failures_);
   held_failures_.clear();
-  for (auto& [id, failure] : held) OnOpDone(id, failure);
+  for (auto& [id, failure] : held) callbacks_.release_held(id, failure);
   // Every ready operation of the aborted generation fails now, including
   // those a collective of the old data plane may still hold for a while
   // (their tensors stay leased until it lets go); the trainers retry them in
   // the next generation.
-  FailGeneration(a.aborted_generation(), status);
+  callbacks_.fail_generation(a.aborted_generation(), status,
+                             /*only_waiting=*/false);
   v1::TrainerEvent event;
   *event.mutable_generation_aborted() = a;
-  SendToAll(event);
+  trainers_.SendToAll(event);
 }
 
-void AgentJob::HandleError(uint64_t reply_to, const v1::Error& error) {
+void JobMembership::HandleError(uint64_t reply_to, const v1::Error& error) {
   const absl::Status status(static_cast<absl::StatusCode>(error.code()),
                             error.message());
   if (error.has_mismatch()) {
     const v1::TensorMismatch& mismatch = error.mismatch();
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      LocalTensor& tensor = *tensors_[i];
+    for (int32_t i = 0; i < trainers_.tensor_count(); ++i) {
+      LocalTensor& tensor = trainers_.tensor(i);
       if (tensor.spec.name() != mismatch.tensor()) continue;
       tensor.mismatch = absl::FailedPreconditionError(error.message());
-      const uint64_t id = op_of_tensor_[i];
-      if (id != 0 && ops_.at(id).data_plane == nullptr) {
-        FinishOp(ops_.at(id), tensor.mismatch);
-      }
+      callbacks_.mismatch(i, tensor.mismatch);
     }
     LOG(ERROR) << JobLogPrefix() << error.message();
     return;
@@ -279,7 +331,8 @@ void AgentJob::HandleError(uint64_t reply_to, const v1::Error& error) {
     // The coordinator refused this node's declarations outright (not a
     // mismatch between nodes): nothing declared can ever run.
     LOG(ERROR) << JobLogPrefix() << "manifest refused: " << error.message();
-    End(absl::Status(status.code(),
+    callbacks_.end(
+        absl::Status(status.code(),
                      absl::StrCat("the coordinator refused this node's tensor "
                                   "declarations: ",
                                   error.message())));
@@ -287,7 +340,7 @@ void AgentJob::HandleError(uint64_t reply_to, const v1::Error& error) {
   }
   if (reply_to != 0 && reply_to == join_seq_) {
     LOG(ERROR) << JobLogPrefix() << "join refused: " << error.message();
-    End(status);
+    callbacks_.end(status);
     return;
   }
   if (reply_to != 0 && reply_to == rejoin_seq_) {
@@ -298,7 +351,7 @@ void AgentJob::HandleError(uint64_t reply_to, const v1::Error& error) {
     const absl::Status aborted = absl::AbortedError(
         absl::StrCat("this node lost its coordinator session and generation ",
                      membership_ ? membership_->generation() : 0, " of job \"",
-                     name_, "\" moved on without it (", error.message(),
+                     job_, "\" moved on without it (", error.message(),
                      "); re-sync and retry in the next generation"));
     if (membership_) aborted_[membership_->generation()] = aborted;
     if (data_plane_) RetireDataPlane(aborted);
@@ -309,14 +362,14 @@ void AgentJob::HandleError(uint64_t reply_to, const v1::Error& error) {
   LOG(WARNING) << JobLogPrefix() << "coordinator error: " << error.message();
 }
 
-void AgentJob::ConnectDataPlane() {
+void JobMembership::ConnectDataPlane() {
   const v1::Membership m = *membership_;
   ConnectRequest request;
   request.node_rank = node_rank_;
   request.num_nodes = m.nodes_size();
   request.prefix = m.store_prefix() +
                    (absl::EndsWith(m.store_prefix(), "/") ? "" : "/") + "data";
-  request.store = env_.store_factory(name_, m.generation());
+  request.store = env_.store_factory(job_, m.generation());
   request.count = config_.data_channels;
   request.timeout = config_.op_timeout;
   const int64_t generation = m.generation();
@@ -343,13 +396,13 @@ void AgentJob::ConnectDataPlane() {
     } else {
       *comms = negotiation.status();
     }
-    Post([this, generation, comms] {
+    callbacks_.post([this, generation, comms] {
       OnDataPlaneConnected(generation, std::move(*comms));
     });
   });
 }
 
-absl::StatusOr<int> AgentJob::AgreeOnChannels(
+absl::StatusOr<int> JobMembership::AgreeOnChannels(
     const ConnectRequest& request) const {
   const std::string key = request.prefix + "/channels";
   if (request.node_rank == 0) {
@@ -370,7 +423,7 @@ absl::StatusOr<int> AgentJob::AgreeOnChannels(
   if (channels != config_.data_channels) {
     // On a connector thread: membership_ (the generation) is not ours to
     // read here.
-    LOG(WARNING) << LogPrefix({name_, 0, config_.node_name})
+    LOG(WARNING) << baton::LogPrefix({job_, 0, config_.node_name})
                  << "using node rank 0's " << channels
                  << " data channels instead of --data_channels="
                  << config_.data_channels;
@@ -378,8 +431,8 @@ absl::StatusOr<int> AgentJob::AgreeOnChannels(
   return channels;
 }
 
-void AgentJob::OnDataPlaneConnected(int64_t generation,
-                                    absl::StatusOr<DataConnections> comms) {
+void JobMembership::OnDataPlaneConnected(
+    int64_t generation, absl::StatusOr<DataConnections> comms) {
   if (state_ != State::kRunning || !membership_ ||
       membership_->generation() != generation) {
     return;  // a newer generation replaced it; the comms close here
@@ -398,18 +451,18 @@ void AgentJob::OnDataPlaneConnected(int64_t generation,
     return;
   }
   SchedulerOptions options;
-  options.job = name_;
+  options.job = job_;
   options.generation = generation;
   options.node_rank = node_rank_;
   options.num_nodes = membership_->nodes_size();
   options.world_size = membership_->world_size();
-  options.mode = mode_;
+  options.mode = trainers_.mode();
   options.credit_bytes = config_.credit_bytes;
   // Where tuning starts: the plan's size (the coordinator's
   // --partition_bytes), or its default before the plan arrived.
   options.partition_bytes =
       partition_bytes_ > 0 ? partition_bytes_ : int64_t{4} << 20;
-  options.tune_partition_bytes = TunesPartitions();
+  options.tune_partition_bytes = trainers_.TunesPartitions();
   options.tune_credit_bytes = config_.tune_credit_bytes;
   options.op_timeout = config_.op_timeout;
   options.launch_trace = launch_trace_;
@@ -419,12 +472,10 @@ void AgentJob::OnDataPlaneConnected(int64_t generation,
     options.node_names.push_back(node.node_name());
   }
   Scheduler::Callbacks callbacks;
-  callbacks.op_done = [this](uint64_t id, absl::Status status) {
-    OpDone(id, std::move(status));
-  };
+  callbacks.op_done = callbacks_.op_done;
   auto plane_ptr = std::make_shared<Scheduler*>(nullptr);
   callbacks.stopped = [this, plane_ptr](absl::Status status) {
-    Post([this, plane_ptr, status = std::move(status)] {
+    callbacks_.post([this, plane_ptr, status = std::move(status)] {
       OnDataPlaneStopped(*plane_ptr, status);
     });
   };
@@ -436,10 +487,10 @@ void AgentJob::OnDataPlaneConnected(int64_t generation,
   LOG(INFO) << JobLogPrefix() << "data plane of generation " << generation
             << " connected";
   MaybeConnectDevices();
-  SubmitWaiting();
+  callbacks_.submit_waiting();
 }
 
-void AgentJob::MaybeConnectDevices() {
+void JobMembership::MaybeConnectDevices() {
   if (!data_plane_ || !plan_ || state_ != State::kRunning || !membership_ ||
       devices_generation_ == membership_->generation()) {
     return;
@@ -454,14 +505,12 @@ void AgentJob::MaybeConnectDevices() {
   devices_failed_.reset();
   // The plan lists only tensors every local trainer declared, so every
   // trainer has its GPU by now.
-  std::vector<int> devices;
-  for (const Trainer& trainer : trainers_)
-    devices.push_back(trainer.cuda_device);
+  const std::vector<int> devices = trainers_.CudaDevices();
   if (env_.gpus->memory == nullptr ||
       std::find(devices.begin(), devices.end(), -1) != devices.end()) {
     OnDevicesConnected(generation,
                        absl::FailedPreconditionError(absl::StrCat(
-                           "job \"", name_, "\" has CUDA tensors, but ",
+                           "job \"", job_, "\" has CUDA tensors, but ",
                            env_.gpus->memory == nullptr
                                ? absl::StrCat("agent ", config_.node_name,
                                               " has no GPU transport: ",
@@ -475,7 +524,7 @@ void AgentJob::MaybeConnectDevices() {
   request.num_nodes = m.nodes_size();
   request.prefix = m.store_prefix() +
                    (absl::EndsWith(m.store_prefix(), "/") ? "" : "/") + "gpu";
-  request.store = env_.store_factory(name_, generation);
+  request.store = env_.store_factory(job_, generation);
   request.count = 1;
   request.timeout = config_.op_timeout;
   const GpuCrossNode cross_node = config_.gpu_cross_node;
@@ -510,14 +559,14 @@ void AgentJob::MaybeConnectDevices() {
       }
       return connected;
     }();
-    Post([this, generation, group] {
+    callbacks_.post([this, generation, group] {
       OnDevicesConnected(generation, std::move(*group));
     });
   });
 }
 
-void AgentJob::OnDevicesConnected(int64_t generation,
-                                  absl::StatusOr<DeviceGroup> group) {
+void JobMembership::OnDevicesConnected(int64_t generation,
+                                       absl::StatusOr<DeviceGroup> group) {
   if (state_ != State::kRunning || !membership_ ||
       membership_->generation() != generation || !data_plane_) {
     return;  // a newer generation replaced it; the group closes here
@@ -526,21 +575,21 @@ void AgentJob::OnDevicesConnected(int64_t generation,
     if (group.status().code() == absl::StatusCode::kAborted) return;
     const absl::Status status(
         group.status().code(),
-        absl::StrCat("connecting the GPU communicators of job \"", name_,
+        absl::StrCat("connecting the GPU communicators of job \"", job_,
                      "\" generation ", generation, ": ",
                      group.status().message()));
     LOG(WARNING) << JobLogPrefix() << status.message();
     devices_failed_ = status;
-    SubmitWaiting();  // its CUDA operations fail now
+    callbacks_.submit_waiting();  // its CUDA operations fail now
     return;
   }
   data_plane_->AttachDevices(std::move(*group));
   LOG(INFO) << JobLogPrefix() << "GPU communicators of generation "
             << generation << " connected";
-  SubmitWaiting();
+  callbacks_.submit_waiting();
 }
 
-void AgentJob::OnDataPlaneStopped(Scheduler* plane, absl::Status status) {
+void JobMembership::OnDataPlaneStopped(Scheduler* plane, absl::Status status) {
   if (plane != nullptr && plane != data_plane_.get()) return;  // retired
   if (state_ != State::kRunning) return;
   LOG(WARNING) << JobLogPrefix() << "data plane stopped: " << status.message();
@@ -553,127 +602,23 @@ void AgentJob::OnDataPlaneStopped(Scheduler* plane, absl::Status status) {
     // What the data plane holds it finishes itself (launched partitions
     // still complete); what never reached it fails here.
     data_plane_stopped_ = status;
-    FailGeneration(membership_->generation(), status, /*only_waiting=*/true);
+    callbacks_.fail_generation(membership_->generation(), status,
+                               /*only_waiting=*/true);
     return;
   }
   // A lost node usually explains this within the liveness bound; until then
   // failures are held so that they can name it.
   data_plane_failure_ = status;
-  failure_deadline_ = Clock::now() + env_.coordinator->liveness_timeout();
+  failure_deadline_ =
+      clock_.Now() + absl::FromChrono(env_.coordinator->liveness_timeout());
 }
 
-void AgentJob::FailGeneration(int64_t generation, const absl::Status& status,
-                              bool only_waiting) {
-  std::vector<uint64_t> ids;
-  for (auto& [id, pending] : ops_) {
-    if (only_waiting && pending.data_plane != nullptr) continue;
-    if (!pending.notified && pending.generation == generation) {
-      ids.push_back(id);
-    }
-  }
-  for (uint64_t id : ids) FailNow(ops_.at(id), status);
-}
-
-void AgentJob::RetireDataPlane(absl::Status status) {
+void JobMembership::RetireDataPlane(absl::Status status) {
   data_plane_->Abort(std::move(status));
   retired_.push_back(std::move(data_plane_));
 }
 
-bool AgentJob::TunesPartitions() const {
-  return config_.tune_partition_bytes && params_.partition_bytes() == 0;
-}
-
-int64_t AgentJob::CompletedStep() const {
-  int64_t step = -1;
-  bool first = true;
-  for (const Trainer& t : trainers_) {
-    step = first ? t.completed_step : std::min(step, t.completed_step);
-    first = false;
-  }
-  return step;
-}
-
-void AgentJob::SendReport() {
-  if (!membership_ || state_ != State::kRunning) return;
-  v1::AgentMessage message;
-  v1::StepReport* report = message.mutable_step_report();
-  report->set_job(name_);
-  report->set_generation(membership_->generation());
-  for (size_t r = 0; r < trainers_.size(); ++r) {
-    // A rank's last step all of whose operations completed: one below its
-    // oldest pending operation, if any.
-    int64_t completed = trainers_[r].completed_step;
-    for (const auto& [id, pending] : ops_) {
-      if (pending.ranks[r].present) {
-        completed = std::min(completed, pending.step - 1);
-      }
-    }
-    v1::RankProgress* progress = report->add_ranks();
-    progress->set_rank(rank_offset_ + static_cast<int32_t>(r));
-    progress->set_completed_step(completed);
-  }
-  const Clock::time_point now = Clock::now();
-  for (const auto& [id, pending] : ops_) {
-    const LocalTensor& tensor = *tensors_[pending.index];
-    if (tensor.tensor_id < 0) continue;
-    v1::PendingTensor* p = report->add_pending();
-    p->set_tensor_id(static_cast<uint32_t>(tensor.tensor_id));
-    p->set_step(pending.step);
-    for (size_t r = 0; r < pending.ranks.size(); ++r) {
-      if (pending.ranks[r].present) {
-        p->add_submitted_ranks(rank_offset_ + static_cast<int32_t>(r));
-      }
-    }
-    p->set_waiting_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                          now - pending.first_enqueued)
-                          .count());
-  }
-  v1::AgentStats* stats = report->mutable_stats();
-  stats->set_scheduling(SchedulingModeName(mode_));
-  stats->set_credit_bytes(config_.credit_bytes);
-  if (data_plane_) {
-    const Scheduler::Stats s = data_plane_->stats();
-    stats->set_queue_depth(s.queue_depth);
-    stats->set_bytes_in_flight(s.bytes_in_flight);
-    if (mode_ == SchedulingMode::kPriority) {
-      stats->set_credit_bytes(s.credit_bytes);
-      stats->set_partition_bytes(s.partition_bytes);
-      stats->set_partition_tuned(s.partition_tuned);
-      stats->set_credit_tuned(s.credit_tuned);
-    }
-    const double seconds =
-        std::chrono::duration<double>(now - reported_at_).count();
-    const double interval =
-        std::chrono::duration<double>(env_.coordinator->report_interval())
-            .count();
-    // A report soon after the previous one (the last one before leaving)
-    // covers too short a moment to measure: it repeats the last rate.
-    if (seconds >= interval / 2 && s.bytes_done >= reported_bytes_done_) {
-      throughput_ =
-          static_cast<double>(s.bytes_done - reported_bytes_done_) / seconds;
-    }
-    reported_bytes_done_ = s.bytes_done;
-  }
-  // Without a data plane (stopped, between generations) the last rate
-  // stands, rather than a 0 that says nothing.
-  stats->set_throughput_bytes_per_second(throughput_);
-  std::vector<uint32_t> ids;
-  for (const auto& [id, latency] : latencies_) ids.push_back(id);
-  std::sort(ids.begin(), ids.end());
-  for (uint32_t id : ids) {
-    const Latency& l = latencies_[id];
-    v1::TensorLatency* out = stats->add_tensor_latencies();
-    out->set_tensor_id(id);
-    out->set_count(l.count);
-    out->set_mean_us(l.total_us / l.count);
-    out->set_max_us(l.max_us);
-  }
-  latencies_.clear();
-  reported_at_ = now;
-  env_.coordinator->Send(std::move(message));
-}
-
-void AgentJob::OnTimer(Clock::time_point now) {
+void JobMembership::OnTimer(absl::Time now) {
   if (data_plane_failure_ && now >= failure_deadline_) {
     // No lost node was announced: the failure is the data plane's own.
     // Report it to the trainers, then force a new generation (the
@@ -682,13 +627,14 @@ void AgentJob::OnTimer(Clock::time_point now) {
     data_plane_failure_.reset();
     auto held = std::move(held_failures_);
     held_failures_.clear();
-    for (auto& [id, failure] : held) OnOpDone(id, failure);
+    for (auto& [id, failure] : held) callbacks_.release_held(id, failure);
     if (state_ == State::kRunning && membership_) {
       aborted_[membership_->generation()] = status;
-      FailGeneration(membership_->generation(), status);
+      callbacks_.fail_generation(membership_->generation(), status,
+                                 /*only_waiting=*/false);
       v1::AgentMessage message;
       v1::LeaveJob* leave = message.mutable_leave();
-      leave->set_job(name_);
+      leave->set_job(job_);
       leave->set_generation(membership_->generation());
       leave->set_reason(std::string(status.message()));
       env_.coordinator->Send(std::move(message));
@@ -702,11 +648,36 @@ void AgentJob::OnTimer(Clock::time_point now) {
                                   return p->finished();
                                 }),
                  retired_.end());
-  if (now >= next_report_) {
-    SampleMetrics();
-    SendReport();
-    next_report_ = now + env_.coordinator->report_interval();
+}
+
+std::optional<absl::Time> JobMembership::failure_deadline() const {
+  if (!data_plane_failure_) return std::nullopt;
+  return failure_deadline_;
+}
+
+bool JobMembership::HoldFailure(uint64_t id, const absl::Status& status) {
+  if (!data_plane_failure_) return false;
+  held_failures_.emplace_back(id, status);
+  return true;
+}
+
+const absl::Status* JobMembership::aborted(int64_t generation) const {
+  auto it = aborted_.find(generation);
+  return it == aborted_.end() ? nullptr : &it->second;
+}
+
+const absl::Status* JobMembership::devices_failed() const {
+  if (!devices_failed_ || !membership_ ||
+      devices_generation_ != membership_->generation()) {
+    return nullptr;
   }
+  return &*devices_failed_;
+}
+
+std::string JobMembership::JobLogPrefix(int32_t local_rank) const {
+  return baton::LogPrefix(
+      {job_, membership_ ? membership_->generation() : 0, config_.node_name,
+       membership_ && local_rank >= 0 ? rank_offset_ + local_rank : -1});
 }
 
 }  // namespace baton::agent

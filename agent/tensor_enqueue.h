@@ -1,0 +1,35 @@
+#pragma once
+
+#include <cstdint>
+
+#include "baton/v1/trainer.pb.h"
+#include "common/shm_channel.h"
+
+namespace baton::agent {
+
+// One local rank's enqueue of one step of a declared tensor, as the job
+// matches it into an operation. The trainer's stream (EnqueueRequest) and
+// its request ring (ChannelEntry) both convert into it, so the ring's fast
+// path never builds a protobuf.
+struct TensorEnqueue {
+  int32_t index = 0;
+  int64_t step = 0;
+  bool average = false;
+  // The broadcast's root (a global rank); 0 for PUSH_PULL.
+  int32_t root_rank = 0;
+  // Came through the trainer's channel: complete it there too.
+  bool via_channel = false;
+
+  static TensorEnqueue FromRequest(const v1::EnqueueRequest& request) {
+    return TensorEnqueue{request.index(), request.step(), request.average(),
+                         request.root_rank(), /*via_channel=*/false};
+  }
+  static TensorEnqueue FromChannel(const ChannelEntry& entry) {
+    return TensorEnqueue{entry.index, entry.step,
+                         (entry.flags & kChannelAverage) != 0,
+                         static_cast<int32_t>(entry.value),
+                         /*via_channel=*/true};
+  }
+};
+
+}  // namespace baton::agent
