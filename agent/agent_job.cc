@@ -240,13 +240,18 @@ void AgentJob::HandleDetach(TrainerSink* sink,
   }
   trainers_.Detach(rank);
   operations_.DropDeliveries(rank);
-  trainers_.trainer(rank).sink->Close(absl::OkStatus());
+  const std::shared_ptr<TrainerSink> sink_of_rank =
+      trainers_.trainer(rank).sink;
   if (trainers_.all_detached()) {
     LeaveAndEnd(
         absl::FailedPreconditionError(absl::StrCat(
             "job \"", name_, "\" finished on node ", config_.node_name)),
         /*finished=*/true);
   }
+  // After the job is marked ended: a trainer that hears the close and
+  // attaches again under this name gets a fresh job, not this one (which
+  // would refuse it as already running).
+  sink_of_rank->Close(absl::OkStatus());
 }
 
 void AgentJob::HandleTrainerGone(TrainerSink* sink) {

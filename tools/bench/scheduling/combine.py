@@ -110,6 +110,9 @@ def one(out, model, rate, modes):
                 entry["priority_speedup_over_%s" % mode] = entry["%s_step_s" % mode] / p
         if entry.get("ideal_step_s"):
             entry["priority_over_ideal"] = p / entry["ideal_step_s"]
+        shared = (by_mode.get("ideal") or {}).get("priority_over_shared_bound")
+        if shared:
+            entry["priority_over_shared_bound"] = shared
     return entry
 
 
@@ -158,6 +161,7 @@ def main():
             t, a = e.get("%s_trainer_extra_cpu_ms_per_mib" % mode), e.get("%s_agent_cpu_ms_per_mib" % mode)
             cpu[mode] = "-" if t is None else "%.2f, %.2f" % (t, a)
         bound = e.get("priority_over_ideal")
+        shared = e.get("priority_over_shared_bound")
         print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             e["model"],
             fmt(e["grad_bytes"] / MIB if e.get("grad_bytes") else None, "%.1f"),
@@ -167,14 +171,16 @@ def main():
             fmt(e.get("priority_step_s"), "%.3f"),
             fmt(e.get("priority_speedup_over_ddp"), "%.2fx"),
             fmt(e.get("priority_speedup_over_fifo"), "%.2fx"),
-            fmt(100 * (bound - 1) if bound else None, "%+.0f%%"),
+            fmt(100 * (bound - 1) if bound else None, "%+.0f%%")
+            + ("" if not shared else " (%+.0f%%)" % (100 * (shared - 1))),
             cpu["ddp"], cpu["priority"],
             e["status"].replace("|", "/"),
         ))
     print(
         "\nSteps: the median over rounds of the slowest node's median timed step. Speedups: DDP's "
         "(fifo's) median step / priority's. Bound: priority's step / max(compute-only step, "
-        "2(n-1)/n x gradient bytes / rate) - 1. CPU ms/MiB, per node and step per MiB of gradients: "
+        "2(n-1)/n x gradient bytes / rate) - 1; in parentheses against max(the compute step of all "
+        "nodes' processes at once, which share this machine's cores, communication). CPU ms/MiB, per node and step per MiB of gradients: "
         "trainer extra = (the mode's trainer-process CPU per timed step - the compute-only run's) x "
         "1000 / MiB, what communication adds inside the trainer (gloo for DDP, the baton client for "
         "priority); agent = all agents' CPU during the mode's job (start-up and warm-up included) / "
