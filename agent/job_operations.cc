@@ -313,11 +313,7 @@ void JobOperations::PrepareDelivery(const PendingOp& pending) {
   }
   delivery.entry =
       ChannelEntry{pending.index, 0, pending.step, pending.generation, 0};
-  v1::Completion* c = delivery.completion.mutable_completion();
-  c->set_index(pending.index);
-  c->set_tensor(trainers_.tensor(pending.index).spec.name());
-  c->set_step(pending.step);
-  c->set_generation(pending.generation);
+  delivery.tensor = &trainers_.tensor(pending.index).spec.name();
   absl::MutexLock lock(&deliveries_mu_);
   deliveries_[pending.id] = std::move(delivery);
 }
@@ -357,7 +353,13 @@ void JobOperations::OpDone(uint64_t id, absl::Status status) {
       if (target.mapping == nullptr ||
           !target.mapping->Complete(delivery.entry)) {
         // A stream rank, or a full ring: the stream carries it.
-        target.sink->Send(delivery.completion);
+        v1::TrainerEvent event;
+        v1::Completion* c = event.mutable_completion();
+        c->set_index(delivery.entry.index);
+        c->set_tensor(*delivery.tensor);
+        c->set_step(delivery.entry.step);
+        c->set_generation(delivery.entry.value);  // the generation
+        target.sink->Send(std::move(event));
       }
     }
   }

@@ -135,7 +135,9 @@ class JobOperations {
     };
     std::vector<Target> targets;
     ChannelEntry entry = {};
-    v1::TrainerEvent completion;
+    // The tensor's name, for a completion over the stream (built only
+    // then). Points into the job's LocalTensor, which outlives the record.
+    const std::string* tensor = nullptr;
   };
 
   absl::Status ValidateEnqueue(int32_t rank, const TensorEnqueue& e) const;
