@@ -60,8 +60,13 @@ class TrainerReactor final
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      // The trainer closed its side or the connection broke.
-      if (job_ && !detached_) job_->TrainerGone(sink_.get());
+      // The trainer closed its side or the connection broke. After a
+      // finished detach the job closes the stream, once it has handled the
+      // detach: a trainer that hears the close and attaches again under the
+      // job's name then never reaches the ending job (which would refuse it
+      // as already running).
+      if (detached_) return;
+      if (job_) job_->TrainerGone(sink_.get());
       Close(absl::OkStatus());
       return;
     }
