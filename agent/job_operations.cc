@@ -207,7 +207,6 @@ void JobOperations::MakeReady(PendingOp& pending) {
   LocalTensor& tensor = trainers_.tensor(pending.index);
   const TensorEnqueue& enqueue = pending.ranks[0].enqueue;
   const absl::Time now = clock_.Now();
-  pending.ready = now;
   pending.generation = membership_.generation();
   auto op = std::make_shared<Operation>();
   op->id = pending.id;

@@ -50,7 +50,6 @@ class JobOperations {
     int64_t step = 0;
     int64_t generation = 0;
     absl::Time first_enqueued;
-    absl::Time ready;
     std::vector<Enqueued> ranks;
     // Built once every local rank enqueued.
     // Completed with the plan's fields when submitted; not changed after.

@@ -215,7 +215,7 @@ void Executor::Record(const PartitionTask& task, int64_t started_us,
 }
 
 absl::Status Executor::Execute(Worker& worker, const PartitionTask& task,
-                                int64_t* reduced_us) {
+                               int64_t* reduced_us) {
   const Operation& op = *task.op;
   if (op.on_device) return ExecuteOnDevice(worker, task, reduced_us);
   const size_t element = ElementSize(op.dtype);
@@ -264,7 +264,7 @@ absl::Status Executor::Execute(Worker& worker, const PartitionTask& task,
 }
 
 absl::Status Executor::ExecuteFused(Worker& worker, const Launch& launch,
-                                     int64_t* reduced_us) {
+                                    int64_t* reduced_us) {
   // FuseSmallTensors: host push-pulls of whole tensors, one data type and
   // average flag, more than one node.
   const Operation& first = *launch.front().op;
@@ -310,8 +310,8 @@ absl::Status Executor::AbortedBeforeWriteBack() const {
 }
 
 absl::Status Executor::ExecuteOnDevice(Worker& worker,
-                                        const PartitionTask& task,
-                                        int64_t* reduced_us) {
+                                       const PartitionTask& task,
+                                       int64_t* reduced_us) {
   const Operation& op = *task.op;
   DeviceCommunicator& device = *worker.device;
   const int local = device.local_devices();

@@ -153,8 +153,8 @@ class Executor {
   // status).
   absl::Status AbortedBeforeWriteBack() const ABSL_LOCKS_EXCLUDED(mu_);
   // Hands a returned partition's phases to options_.timeline.
-  void Record(const PartitionTask& task, int64_t started_us,
-              int64_t reduced_us, int64_t done_us, bool ok) const;
+  void Record(const PartitionTask& task, int64_t started_us, int64_t reduced_us,
+              int64_t done_us, bool ok) const;
   int64_t NowUs() const;
   std::string Describe(const PartitionTask& task) const;
   std::string DescribeFused(const Launch& launch) const;

@@ -12,7 +12,8 @@ int32_t LaunchQueue::Add(std::shared_ptr<const Operation> op,
   for (int32_t p = 0; p < n; ++p) {
     const int64_t offset = n == 1 ? 0 : p * partition_bytes;
     const int64_t length =
-        n == 1 ? op->size_bytes : std::min(partition_bytes, op->size_bytes - offset);
+        n == 1 ? op->size_bytes
+               : std::min(partition_bytes, op->size_bytes - offset);
     PartitionTask task{op, p, offset, length};
     task.num_partitions = n;
     queue_.emplace(Key{op->priority, p, op->tensor_id}, std::move(task));

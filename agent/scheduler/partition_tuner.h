@@ -33,8 +33,8 @@ namespace baton::agent {
 //     included (the channels share one link; counting only its own bytes
 //     would read the time spent behind the others as latency, and the fit
 //     would grow partitions with the load). The fit's bandwidth is then the
-//     link's. Failed or aborted collectives are not added. The CUDA device worker's
-//     collectives run on another link and are not added.
+//     link's. Failed or aborted collectives are not added. The CUDA device
+//     worker's collectives run on another link and are not added.
 //   - Each node proposes: the scheduler puts Propose()'s two values into its
 //     negotiation vector, and the round's element-wise minimum gives every
 //     node the same values in the same round. A node without a fit proposes

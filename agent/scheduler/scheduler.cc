@@ -97,11 +97,11 @@ void Scheduler::Submit(std::shared_ptr<const Operation> op) {
       done.emplace_back(op->id, stop_status_);
     } else if (op->on_device && !executor_->has_devices()) {
       done.emplace_back(
-          op->id, OperationFailure(
-                      *op, absl::FailedPreconditionError(absl::StrCat(
-                               "job \"", options_.job, "\" generation ",
-                               options_.generation,
-                               " has no GPU communicator on this node"))));
+          op->id,
+          OperationFailure(*op, absl::FailedPreconditionError(absl::StrCat(
+                                    "job \"", options_.job, "\" generation ",
+                                    options_.generation,
+                                    " has no GPU communicator on this node"))));
     } else if (!op->on_device && options_.num_nodes == 1 &&
                op->size_bytes <= kInlineBytes && submitted_.empty() &&
                queue_.empty() && in_flight_bytes_ == 0) {
@@ -237,13 +237,12 @@ void Scheduler::NegotiationFailed(absl::Status status) {
   {
     absl::MutexLock lock(&mu_);
     if (!stopped_) {
-      StopLocked(
-          TransportError(
-              status,
-              absl::StrCat("negotiation round of job \"", options_.job,
-                           "\" generation ", options_.generation),
-              options_.node_names, options_.node_rank),
-          /*drain=*/false, done);
+      StopLocked(TransportError(
+                     status,
+                     absl::StrCat("negotiation round of job \"", options_.job,
+                                  "\" generation ", options_.generation),
+                     options_.node_names, options_.node_rank),
+                 /*drain=*/false, done);
       stopped_now = true;
       status = stop_status_;
     }
@@ -400,8 +399,9 @@ void Scheduler::LaunchLocked(Launch launch) {
   // A fused launch goes where its first partition's sequence number says.
   const bool on_device = launch.front().op->on_device;
   const size_t channels = executor_->host_channels();
-  const int32_t channel = on_device ? static_cast<int32_t>(channels)
-                                    : static_cast<int32_t>(launch_seq_ % channels);
+  const int32_t channel = on_device
+                              ? static_cast<int32_t>(channels)
+                              : static_cast<int32_t>(launch_seq_ % channels);
   const int64_t now_us = NowUs();
   for (PartitionTask& task : launch) {
     OpState& state = ops_[task.op->id];
@@ -524,10 +524,9 @@ PartitionTuner::Proposal Scheduler::ProposalLocked() const {
     // runs of small tensors that fuse into one collective, and the
     // collectives' CPU, not the link, then sets the pace (MobileNetV2 at
     // 500 Mbit/s ran 0.64x fifo with a 1.25 MiB credit).
-    proposal.credit_bytes =
-        std::max(proposal.credit_bytes,
-                 static_cast<int64_t>(executor_->host_channels()) *
-                     kFuseLaunchBytes);
+    proposal.credit_bytes = std::max(
+        proposal.credit_bytes,
+        static_cast<int64_t>(executor_->host_channels()) * kFuseLaunchBytes);
   }
   return proposal;
 }

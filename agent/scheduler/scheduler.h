@@ -151,8 +151,7 @@ class Scheduler {
 
   void SchedulerLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs one round; false when the scheduler must exit.
-  bool Round(std::vector<int64_t>& vec, int32_t& body)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  bool Round(std::vector<int64_t>& vec, int32_t& body) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until this node has news or a peer starts a round; false when
   // the scheduler must exit.
   bool AwaitNews(int32_t body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
