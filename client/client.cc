@@ -83,7 +83,6 @@ bool AwaitFor(absl::Mutex& mu, const absl::Condition& cond,
 
 }  // namespace
 
-
 // The consumer side of the trainer channel's completion ring. The client's
 // completer thread drains it while nobody waits; a thread in Handle::Wait
 // drains it itself, so a completion wakes the waiter directly instead of

@@ -1,6 +1,8 @@
 // The scheduler's pieces: the negotiation vector, the launch queue, and the
 // data plane run as N nodes (threads) over real gloo and negotiation rounds
 // (TcpRounds) on loopback.
+#include "agent/scheduler/scheduler.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <future>
@@ -13,7 +15,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "agent/scheduler/scheduler.h"
 #include "agent/scheduler/launch_queue.h"
 #include "agent/scheduler/negotiation.h"
 #include "gmock/gmock.h"
@@ -437,8 +438,8 @@ TEST_P(SchedulerTest, TunedPartitionsAreTheSameOnEveryNode) {
       }
       for (uint32_t t = 0; t < kTensors; ++t) {
         const absl::Status done = nodes_[rank]->WaitDone(t * 1000 + step + 1);
-        ASSERT_TRUE(done.ok()) << "node " << rank << " tensor " << t
-                               << " step " << step << ": " << done;
+        ASSERT_TRUE(done.ok()) << "node " << rank << " tensor " << t << " step "
+                               << step << ": " << done;
         const std::vector<float>& out = Output(rank, t);
         for (size_t i = 0; i < out.size(); ++i) {
           ASSERT_EQ(out[i], 3.0f * (i % 100 + 1))
