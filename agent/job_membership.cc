@@ -269,7 +269,10 @@ void JobMembership::HandlePlan(const v1::TensorPlan& plan) {
   for (const v1::TensorPlanEntry& entry : plan.tensors()) {
     for (int32_t i = 0; i < trainers_.tensor_count(); ++i) {
       LocalTensor& tensor = trainers_.tensor(i);
-      if (tensor.spec.name() != entry.spec().name()) continue;
+      if (tensor.spec.name() != entry.spec().name() ||
+          tensor.spec.version() != entry.spec().version()) {
+        continue;
+      }
       tensor.tensor_id = entry.tensor_id();
       tensor.priority = entry.priority();
     }
@@ -320,7 +323,10 @@ void JobMembership::HandleError(uint64_t reply_to, const v1::Error& error) {
     const v1::TensorMismatch& mismatch = error.mismatch();
     for (int32_t i = 0; i < trainers_.tensor_count(); ++i) {
       LocalTensor& tensor = trainers_.tensor(i);
-      if (tensor.spec.name() != mismatch.tensor()) continue;
+      if (tensor.spec.name() != mismatch.tensor() ||
+          tensor.spec.version() != mismatch.version()) {
+        continue;
+      }
       tensor.mismatch = absl::FailedPreconditionError(error.message());
       callbacks_.mismatch(i, tensor.mismatch);
     }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log_context.h"
+#include "common/tensor_spec.h"
 #include "common/validation.h"
 #include "glog/logging.h"
 
@@ -197,15 +198,23 @@ bool JobTrainers::Declare(int32_t rank, uint64_t seq,
             "order"));
       }
     } else if (status.ok()) {
-      for (int32_t j = 0; j < index && status.ok(); ++j) {
-        const std::string& other = j < static_cast<int32_t>(tensors_.size())
-                                       ? tensors_[j]->spec.name()
-                                       : request.tensors(j - first).name();
-        if (other == spec.name()) {
-          status = absl::InvalidArgumentError(absl::StrCat(
-              what, " declares \"", spec.name(),
-              "\" a second time; tensor names are unique within a job"));
+      // A name declared anew is its next version (client/session.cc): the
+      // versions before it must be declared, this one must not.
+      int32_t latest = -1;
+      for (int32_t j = 0; j < index; ++j) {
+        const v1::TensorSpec& other = j < static_cast<int32_t>(tensors_.size())
+                                          ? tensors_[j]->spec
+                                          : request.tensors(j - first);
+        if (other.name() == spec.name()) {
+          latest = std::max(latest, other.version());
         }
+      }
+      if (spec.version() != latest + 1) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            what, " declares ", DescribeSpec(spec), " but ",
+            latest < 0 ? "the name was not declared before"
+                       : absl::StrCat("its latest version is ", latest),
+            ": declare a name anew as its next version (", latest + 1, ")"));
       }
       if (status.ok()) {
         auto tensor = LocalTensor::Create(absl::StrCat(shm_prefix_, index),

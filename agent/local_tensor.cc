@@ -19,6 +19,9 @@ std::string DescribeDifference(const v1::TensorSpec& a,
   if (a.name() != b.name()) {
     return absl::StrCat("name \"", a.name(), "\" vs \"", b.name(), "\"");
   }
+  if (a.version() != b.version()) {
+    return absl::StrCat("version ", a.version(), " vs ", b.version());
+  }
   const uint8_t fields = DiffSpecFields(a, b);
   for (SpecField field : kSpecFields) {
     if ((fields & field) == 0) continue;

@@ -155,6 +155,8 @@ class Session::Impl {
         auto found = buffer_of.find(static_cast<int32_t>(i));
         const v1::CudaBuffer* buffer =
             found != buffer_of.end() ? found->second : nullptr;
+        // The name's latest version: declared before, or earlier in this
+        // request.
         const v1::TensorSpec* known = nullptr;
         const v1::CudaBuffer* known_buffer = nullptr;
         if (auto it = tensors_.find(spec.name()); it != tensors_.end()) {
@@ -165,22 +167,28 @@ class Session::Impl {
         for (size_t f = 0; f < fresh.size(); ++f) {
           if (fresh[f].name() != spec.name()) continue;
           known = &fresh[f];
+          known_buffer = nullptr;
           for (const v1::CudaBuffer& b : fresh_buffers) {
             if (b.index() == static_cast<int32_t>(f)) known_buffer = &b;
           }
         }
-        if (known == nullptr) {
-          if (buffer != nullptr) {
-            v1::CudaBuffer& added = fresh_buffers.emplace_back(*buffer);
-            added.set_index(static_cast<int32_t>(fresh.size()));
+        if (known != nullptr &&
+            CheckSame(*known, known_buffer, spec, buffer).ok()) {
+          continue;  // declared alike: nothing to do
+        }
+        // New, or declared anew: the name's next version, once nothing of
+        // the current one is in flight here.
+        if (known != nullptr) {
+          if (absl::Status s = CheckNothingInFlight(*known, spec); !s.ok()) {
+            return s;
           }
-          fresh.push_back(spec);
-          continue;
         }
-        if (absl::Status s = CheckSame(*known, known_buffer, spec, buffer);
-            !s.ok()) {
-          return s;
+        if (buffer != nullptr) {
+          v1::CudaBuffer& added = fresh_buffers.emplace_back(*buffer);
+          added.set_index(static_cast<int32_t>(fresh.size()));
         }
+        v1::TensorSpec& next = fresh.emplace_back(spec);
+        next.set_version(known == nullptr ? 0 : known->version() + 1);
       }
     }
     if (fresh.empty()) return absl::OkStatus();
@@ -188,15 +196,18 @@ class Session::Impl {
         client_->Declare(fresh, fresh_buffers);
     if (!declared.ok()) return declared.status();
     absl::MutexLock lock(&mu_);
+    // A name's latest version replaces the one before; its steps start over.
+    for (std::shared_ptr<Tensor>& tensor : *declared) {
+      const std::string name = tensor->spec().name();
+      cuda_buffers_.erase(name);
+      next_step_.erase(name);
+      tensors_[name] = std::move(tensor);
+    }
     for (const v1::CudaBuffer& buffer : fresh_buffers) {
       v1::CudaBuffer& kept =
           cuda_buffers_[fresh[static_cast<size_t>(buffer.index())].name()];
       kept = buffer;
       kept.clear_index();
-    }
-    for (std::shared_ptr<Tensor>& tensor : *declared) {
-      const std::string name = tensor->spec().name();
-      tensors_.emplace(name, std::move(tensor));
     }
     return absl::OkStatus();
   }
@@ -277,17 +288,18 @@ class Session::Impl {
       absl::MutexLock lock(&mu_);
       starting_.erase(name);
     };
-    if (tensor == nullptr) {
+    // Declared on first use, and anew (its next version) when used with
+    // another spec or CUDA buffer than its latest declaration.
+    if (tensor == nullptr ||
+        !CheckSame(tensor->spec(), declared_buffer, spec,
+                   on_device ? &cuda_buffers.front() : nullptr)
+             .ok()) {
       if (absl::Status s = Declare({spec}, cuda_buffers); !s.ok()) return s;
       absl::MutexLock lock(&mu_);
       tensor = tensors_.at(name);
+      declared_buffer = nullptr;
       auto cuda = cuda_buffers_.find(name);
       if (cuda != cuda_buffers_.end()) declared_buffer = &cuda->second;
-    }
-    if (absl::Status s = CheckSame(tensor->spec(), declared_buffer, spec,
-                                   on_device ? &cuda_buffers.front() : nullptr);
-        !s.ok()) {
-      return s;
     }
 
     const bool is_root =
@@ -422,30 +434,44 @@ class Session::Impl {
         "the baton session is shut down; call Init again to start a new one");
   }
 
-  // Whether a use of a declared name (`buffer` null for host memory)
-  // matches its declaration.
+  // OK when a use of a declared name (`buffer` null for host memory)
+  // matches its latest declaration; otherwise what differs.
   static absl::Status CheckSame(const v1::TensorSpec& declared,
                                 const v1::CudaBuffer* declared_buffer,
                                 const v1::TensorSpec& used,
                                 const v1::CudaBuffer* buffer) {
     const std::string& name = used.name();
     if (!SameSpec(declared, used)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", name, "\" was declared as ", SpecText(declared),
-          " but is used as ", SpecText(used),
-          "; a name keeps its dtype, shape, collective and memory for the "
-          "whole job: use another name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", name, "\" was declared as ",
+                       SpecText(declared), " but is used as ", SpecText(used)));
     }
     if (declared_buffer != nullptr && buffer != nullptr &&
         !SameCudaBuffer(*declared_buffer, *buffer)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", name,
-          "\" is used with another CUDA buffer than it was declared with (its "
-          "memory_handle, offset, event_handle or pci_bus_id differ); the "
-          "agent keeps the declared one open for the whole job: keep that "
-          "allocation and event alive and pass the same handles"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", name,
+                       "\" is used with another CUDA buffer than it was "
+                       "declared with (its memory_handle, offset, "
+                       "event_handle or pci_bus_id differ)"));
     }
     return absl::OkStatus();
+  }
+
+  // A name is declared anew (`used`) only when no operation of its latest
+  // declaration (`declared`) is in flight: that one reads and writes the
+  // old buffers until it is synchronized.
+  absl::Status CheckNothingInFlight(const v1::TensorSpec& declared,
+                                    const v1::TensorSpec& used) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto pending = in_flight_.find(used.name());
+    if (pending == in_flight_.end()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor \"", used.name(), "\" is declared anew as ", SpecText(used),
+        " while its operation as ", SpecText(declared), " (step ",
+        pending->second->handle->step(),
+        ") is in flight: synchronize that one first (a name may change its "
+        "dtype, shape, collective or memory between operations, not during "
+        "one)"));
   }
 
   void Retire(const OperationHandle& operation) ABSL_LOCKS_EXCLUDED(mu_) {

@@ -35,6 +35,11 @@ absl::Status ValidateTensorSpec(const std::string& what,
     return absl::InvalidArgumentError(absl::StrCat(
         what, ".", field, " of tensor \"", spec.name(), "\" ", why));
   };
+  if (spec.version() < 0 || spec.version() > kMaxTensorVersion) {
+    return bad("version", absl::StrCat("is ", spec.version(),
+                                       "; it must be in 0..", kMaxTensorVersion,
+                                       " (the name's earlier declarations)"));
+  }
   if (spec.dtype() == v1::DATA_TYPE_UNSPECIFIED ||
       !v1::DataType_IsValid(spec.dtype())) {
     return bad("dtype",
@@ -112,12 +117,15 @@ std::string ShapeText(const v1::TensorSpec& spec) {
 }
 
 std::string DescribeSpec(const v1::TensorSpec& spec) {
-  return absl::StrCat("\"", spec.name(), "\" (", DtypeText(spec.dtype()), " ",
-                      ShapeText(spec), " ", OpText(spec.op()),
-                      spec.memory() == v1::MEMORY_KIND_HOST
-                          ? ""
-                          : absl::StrCat(", ", MemoryText(spec.memory())),
-                      ")");
+  return absl::StrCat(
+      "\"", spec.name(), "\"",
+      spec.version() == 0 ? "" : absl::StrCat(" version ", spec.version()),
+      " (", DtypeText(spec.dtype()), " ", ShapeText(spec), " ",
+      OpText(spec.op()),
+      spec.memory() == v1::MEMORY_KIND_HOST
+          ? ""
+          : absl::StrCat(", ", MemoryText(spec.memory())),
+      ")");
 }
 
 const char* SpecFieldName(SpecField field) {
@@ -161,7 +169,18 @@ uint8_t DiffSpecFields(const v1::TensorSpec& a, const v1::TensorSpec& b) {
 }
 
 bool SameSpec(const v1::TensorSpec& a, const v1::TensorSpec& b) {
-  return a.name() == b.name() && DiffSpecFields(a, b) == 0;
+  return a.name() == b.name() && a.version() == b.version() &&
+         DiffSpecFields(a, b) == 0;
+}
+
+std::string TensorKey(const v1::TensorSpec& spec) {
+  if (spec.version() == 0) return spec.name();
+  return absl::StrCat(spec.name(), "\n", spec.version());
+}
+
+std::string TensorLabel(const v1::TensorSpec& spec) {
+  if (spec.version() == 0) return spec.name();
+  return absl::StrCat(spec.name(), " (version ", spec.version(), ")");
 }
 
 std::string RanksText(const google::protobuf::RepeatedField<int32_t>& ranks,

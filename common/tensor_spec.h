@@ -21,12 +21,15 @@ namespace baton {
 // Largest tensor a spec may describe, and most dimensions it may have.
 inline constexpr int64_t kMaxTensorBytes = int64_t{16} << 30;
 inline constexpr int kMaxTensorDims = 8;
+// Highest TensorSpec.version: how often one name may be declared anew.
+inline constexpr int32_t kMaxTensorVersion = 1000000;
 
 // The fields two declarations of one name can disagree on, as bits.
 enum SpecField : uint8_t { kDtype = 1, kShape = 2, kOp = 4, kMemory = 8 };
 inline constexpr SpecField kSpecFields[] = {kDtype, kShape, kOp, kMemory};
 
-// OK when `spec` has a valid name, a known dtype, op push_pull or broadcast,
+// OK when `spec` has a valid name, a version in 0..kMaxTensorVersion, a
+// known dtype, op push_pull or broadcast,
 // a known memory kind, at most kMaxTensorDims dimensions, each >= 0, and holds
 // at most kMaxTensorBytes. Otherwise INVALID_ARGUMENT naming the field, with
 // `what` naming the spec ("Manifest.tensors[3]").
@@ -48,8 +51,17 @@ std::string MemoryText(v1::MemoryKind memory);
 // "[3, 4]"; "[]" for a scalar.
 std::string ShapeText(const v1::TensorSpec& spec);
 // `"w" (float32 [3, 4] push_pull)`, `"w" (float32 [3, 4] push_pull, cuda)`,
-// for errors that show a whole spec.
+// `"w" version 2 (float32 [3] push_pull)`, for errors that show a whole
+// spec.
 std::string DescribeSpec(const v1::TensorSpec& spec);
+
+// What identifies a declared tensor within a job: its name and version (a
+// name declared anew is a new tensor). Distinct for distinct (name,
+// version) pairs: a valid name has no newline. For maps, never for text.
+std::string TensorKey(const v1::TensorSpec& spec);
+// How a tensor reads in messages and status: `w`, or `w (version 2)` after
+// the name was declared anew.
+std::string TensorLabel(const v1::TensorSpec& spec);
 
 // "dtype", "shape", "op" or "memory".
 const char* SpecFieldName(SpecField field);
@@ -58,7 +70,7 @@ const char* SpecFieldName(SpecField field);
 std::string SpecFieldText(const v1::TensorSpec& spec, SpecField field);
 // The SpecFields in which `a` and `b` differ (names are not compared).
 uint8_t DiffSpecFields(const v1::TensorSpec& a, const v1::TensorSpec& b);
-// Same name, dtype, shape, op and memory.
+// Same name, version, dtype, shape, op and memory.
 bool SameSpec(const v1::TensorSpec& a, const v1::TensorSpec& b);
 
 // `ranks` (ascending) as "{0,1}" or "{0-7,16-23}": runs of three or more

@@ -44,7 +44,11 @@ std::string ValueText(const v1::MismatchValue& value) {
 // declarations that differ from it: those are the ones to fix.
 std::string MismatchMessage(const v1::TensorMismatch& mismatch,
                             const std::string* planned) {
-  std::string message = absl::StrCat("tensor \"", mismatch.tensor(), "\" ");
+  std::string message =
+      absl::StrCat("tensor \"", mismatch.tensor(), "\" ",
+                   mismatch.version() == 0
+                       ? ""
+                       : absl::StrCat("(version ", mismatch.version(), ") "));
   if (planned != nullptr) {
     absl::StrAppend(&message, "is planned with ", mismatch.field(), " ",
                     *planned, " but has ");
@@ -96,7 +100,7 @@ struct TensorPlanManager::JobPlans {
     std::vector<int> children;
   };
 
-  // A name declared in the current generation.
+  // A tensor (name and version) declared in the current generation.
   struct DeclaredName {
     // Prefixes ending in this name (one per distinct path to it); the first
     // is the first declaration, the one later ones are compared with.
@@ -108,7 +112,8 @@ struct TensorPlanManager::JobPlans {
   // For the life of the job.
   int64_t partition_bytes = 0;
   std::optional<v1::TensorPlan> plan;
-  absl::flat_hash_map<std::string, int> planned;   // name -> index in plan
+  // TensorKey (name and version) -> index in plan.
+  absl::flat_hash_map<std::string, int> planned;
   absl::flat_hash_map<uint32_t, int> planned_ids;  // tensor_id -> index
   uint32_t next_id = 0;
 
@@ -121,8 +126,9 @@ struct TensorPlanManager::JobPlans {
   std::vector<int> node_unplanned;
   int planned_in_generation = 0;
   std::vector<Prefix> prefixes;
-  absl::flat_hash_map<std::string, DeclaredName> names;
-  std::vector<std::string> ready;  // declared by every node, not planned
+  absl::flat_hash_map<std::string, DeclaredName> names;  // by TensorKey
+  // TensorKeys declared by every node, not planned.
+  std::vector<std::string> ready;
   std::vector<v1::TensorMismatchStatus> mismatches;
 
   void StartGeneration(const v1::Membership& sealed) {
@@ -175,6 +181,19 @@ struct TensorPlanManager::JobPlans {
     return at;
   }
 
+  // The position of tensor `key` in `node`'s manifest: among its entries
+  // recorded before, or in `added` (this manifest's new ones); -1 if none.
+  int PositionOf(const std::string& key, int node,
+                 const absl::flat_hash_map<std::string, int>& added) const {
+    const auto declared = names.find(key);
+    if (declared != names.end()) {
+      const int prefix = DeclarationOf(declared->second, node);
+      if (prefix >= 0) return prefixes[prefix].depth - 1;
+    }
+    const auto found = added.find(key);
+    return found == added.end() ? -1 : found->second;
+  }
+
   // The prefix ending in `name` on `node`'s manifest, or -1.
   int DeclarationOf(const DeclaredName& name, int node) const {
     const int end = node_end[node];
@@ -190,9 +209,10 @@ struct TensorPlanManager::JobPlans {
   // and its plan entry; reports every field that differs for the first time.
   void FindMismatches(int prefix, std::vector<v1::TensorMismatch>* found) {
     const v1::TensorSpec& spec = prefixes[prefix].spec;
-    DeclaredName& name = names.at(spec.name());
+    const std::string key = TensorKey(spec);
+    DeclaredName& name = names.at(key);
     uint8_t fields = DiffSpecFields(spec, prefixes[name.declarations[0]].spec);
-    const auto entry = planned.find(spec.name());
+    const auto entry = planned.find(key);
     const v1::TensorSpec* planned_spec =
         entry == planned.end() ? nullptr : &plan->tensors(entry->second).spec();
     if (planned_spec != nullptr) fields |= DiffSpecFields(spec, *planned_spec);
@@ -202,6 +222,7 @@ struct TensorPlanManager::JobPlans {
       if ((fields & field) == 0) continue;
       v1::TensorMismatch mismatch;
       mismatch.set_tensor(spec.name());
+      mismatch.set_version(spec.version());
       mismatch.set_field(SpecFieldName(field));
       // The plan's value first (it is what everyone must match), then the
       // declared values in the order of the lowest node rank holding them.
@@ -232,7 +253,7 @@ struct TensorPlanManager::JobPlans {
         std::sort(value.mutable_ranks()->begin(), value.mutable_ranks()->end());
       }
       v1::TensorMismatchStatus& status = mismatches.emplace_back();
-      status.set_tensor(mismatch.tensor());
+      status.set_tensor(TensorLabel(spec));
       status.set_field(mismatch.field());
       status.set_message(MismatchMessage(
           mismatch, planned_spec != nullptr ? &planned_text : nullptr));
@@ -268,7 +289,7 @@ struct TensorPlanManager::JobPlans {
       entry->set_size_bytes(TensorSizeBytes(spec));
       entry->set_num_partitions(static_cast<int32_t>(
           NumPartitions(entry->size_bytes(), partition_bytes)));
-      planned[spec.name()] = index;
+      planned[TensorKey(spec)] = index;
       planned_ids[entry->tensor_id()] = index;
       ++planned_in_generation;
     }
@@ -288,7 +309,7 @@ struct TensorPlanManager::JobPlans {
     next_id = 0;
     for (int i = 0; i < reported.tensors_size(); ++i) {
       const v1::TensorPlanEntry& entry = reported.tensors(i);
-      planned[entry.spec().name()] = i;
+      planned[TensorKey(entry.spec())] = i;
       planned_ids[entry.tensor_id()] = i;
       next_id = std::max(next_id, entry.tensor_id() + 1);
     }
@@ -369,28 +390,35 @@ TensorPlanManager::OnManifest(const v1::Membership& membership,
         "declared before, in the same order"));
   }
 
-  absl::flat_hash_map<absl::string_view, int> added_names;
+  // By TensorKey.
+  absl::flat_hash_map<std::string, int> added_names;
   added_names.reserve(size - before);
   int unplanned = 0;
   for (int i = before; i < size; ++i) {
     const v1::TensorSpec& spec = manifest.tensors(i);
     const std::string what = absl::StrCat("Manifest.tensors[", i, "]");
     BATON_RETURN_IF_ERROR(ValidateTensorSpec(what, spec));
-    int first = -1;
-    const auto declared = job.names.find(spec.name());
-    if (declared != job.names.end()) {
-      const int prefix = job.DeclarationOf(declared->second, node);
-      if (prefix >= 0) first = job.prefixes[prefix].depth - 1;
-    }
-    const auto [added, inserted] = added_names.emplace(spec.name(), i);
-    if (!inserted) first = added->second;
+    const std::string key = TensorKey(spec);
+    const int first = job.PositionOf(key, node, added_names);
     if (first >= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " declares tensor \"", spec.name(),
-                       "\" again (first at Manifest.tensors[", first,
-                       "]): declare each tensor once"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " declares tensor ", DescribeSpec(spec),
+          " again (first at Manifest.tensors[", first,
+          "]): declare each tensor once, and a name anew with the next "
+          "version"));
     }
-    if (!job.planned.contains(spec.name())) ++unplanned;
+    if (spec.version() > 0) {
+      v1::TensorSpec previous = spec;
+      previous.set_version(spec.version() - 1);
+      if (job.PositionOf(TensorKey(previous), node, added_names) < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " declares tensor ", DescribeSpec(spec), " but not version ",
+            previous.version(),
+            " before it: a name's versions are declared in order"));
+      }
+    }
+    added_names.emplace(key, i);
+    if (!job.planned.contains(key)) ++unplanned;
     // Only reachable with 8-byte partitions: a 16 GiB tensor would need
     // 2^31 partitions, one more than num_partitions can count.
     const int64_t partitions =
@@ -423,11 +451,12 @@ TensorPlanManager::OnManifest(const v1::Membership& membership,
     const v1::TensorSpec& spec = manifest.tensors(i);
     bool created = false;
     at = job.Extend(at, spec, &created);
-    JobPlans::DeclaredName& name = job.names[spec.name()];
+    const std::string key = TensorKey(spec);
+    JobPlans::DeclaredName& name = job.names[key];
     if (created) name.declarations.push_back(at);
-    if (!job.planned.contains(spec.name())) {
+    if (!job.planned.contains(key)) {
       ++job.node_unplanned[node];
-      if (++name.nodes == num_nodes) job.ready.push_back(spec.name());
+      if (++name.nodes == num_nodes) job.ready.push_back(key);
     }
     added.push_back(at);
   }
@@ -494,18 +523,19 @@ absl::Status TensorPlanManager::Recover(const std::string& job_name,
         "multiple of 8 and at most ",
         kMaxTensors, " tensors"));
   }
-  absl::flat_hash_map<absl::string_view, int> names;
+  absl::flat_hash_map<std::string, int> names;  // by TensorKey
   absl::flat_hash_map<uint32_t, int> ids;
   for (int i = 0; i < plan.tensors_size(); ++i) {
     const v1::TensorPlanEntry& entry = plan.tensors(i);
     const std::string what = absl::StrCat("TensorPlan.tensors[", i, "]");
     BATON_RETURN_IF_ERROR(
         ValidateTensorSpec(absl::StrCat(what, ".spec"), entry.spec()));
-    const auto [same_name, new_name] = names.emplace(entry.spec().name(), i);
+    const auto [same_name, new_name] =
+        names.emplace(TensorKey(entry.spec()), i);
     if (!new_name) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, " repeats tensor \"", entry.spec().name(),
-                       "\" of TensorPlan.tensors[", same_name->second, "]"));
+          absl::StrCat(what, " repeats tensor ", DescribeSpec(entry.spec()),
+                       " of TensorPlan.tensors[", same_name->second, "]"));
     }
     const auto [same_id, new_id] = ids.emplace(entry.tensor_id(), i);
     if (!new_id) {
@@ -570,7 +600,7 @@ std::string TensorPlanManager::TensorName(const std::string& job,
   if (found != jobs_.end()) {
     const auto entry = found->second->planned_ids.find(tensor_id);
     if (entry != found->second->planned_ids.end()) {
-      return found->second->plan->tensors(entry->second).spec().name();
+      return TensorLabel(found->second->plan->tensors(entry->second).spec());
     }
   }
   return absl::StrCat("tensor#", tensor_id);

@@ -23,9 +23,12 @@ namespace baton::coordinator {
 // Rules:
 // - A manifest is the node's whole declaration list, in declaration order,
 //   append-only within a generation.
-// - Two nodes that declare the same name with a different dtype, shape or op
-//   are a mismatch, reported once per (tensor, field).
-// - A name declared by every node of the generation is planned. New entries
+// - A tensor is a name and a version (TensorSpec.version): a name declared
+//   anew with another spec is its next version, a tensor of its own, and
+//   each node's manifest lists a name's versions in order.
+// - Two nodes that declare the same tensor with a different dtype, shape or
+//   op are a mismatch, reported once per (tensor, field).
+// - A tensor declared by every node of the generation is planned. New entries
 //   are appended in the declaration order of the lowest node rank that has
 //   them all; an entry, once planned, never changes its id, priority or
 //   partitioning for the life of the job, across generations.
@@ -82,7 +85,8 @@ class TensorPlanManager {
   v1::PlanSummary Summary(const std::string& job) const;
   std::vector<v1::TensorMismatchStatus> Mismatches(
       const std::string& job) const;
-  // The planned tensor's name, or "tensor#<id>" when unknown.
+  // The planned tensor's TensorLabel ("w", "w (version 2)"), or
+  // "tensor#<id>" when unknown.
   std::string TensorName(const std::string& job, uint32_t tensor_id) const;
 
   // Shorthands for ValidateTensorSpec and TensorSizeBytes

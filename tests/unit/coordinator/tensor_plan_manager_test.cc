@@ -162,6 +162,21 @@ TEST(ValidateSpecTest, RejectsEmptyName) {
             "Manifest.tensors[2].name is empty: every tensor needs a name");
 }
 
+TEST(ValidateSpecTest, RejectsANegativeOrTooHighVersion) {
+  v1::TensorSpec spec = Spec("w", {1});
+  spec.set_version(-1);
+  const absl::Status status =
+      TensorPlanManager::ValidateSpec("Manifest.tensors[0]", spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "Manifest.tensors[0].version of tensor \"w\" is -1; it must be "
+            "in 0..1000000 (the name's earlier declarations)");
+  spec.set_version(kMaxTensorVersion + 1);
+  EXPECT_FALSE(TensorPlanManager::ValidateSpec("t", spec).ok());
+  spec.set_version(kMaxTensorVersion);
+  EXPECT_TRUE(TensorPlanManager::ValidateSpec("t", spec).ok());
+}
+
 TEST(ValidateSpecTest, RejectsUnknownAndUnspecifiedDtype) {
   const absl::Status unknown = TensorPlanManager::ValidateSpec(
       "Manifest.tensors[0]", Spec("w", {1}, static_cast<v1::DataType>(99)));
@@ -586,8 +601,9 @@ TEST_F(TensorPlanManagerTest, RejectsDuplicateNames) {
       DeclareStatus("n0", {Spec("a", {4}), Spec("b", {4}), Spec("a", {4})});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(),
-            "Manifest.tensors[2] declares tensor \"a\" again (first at "
-            "Manifest.tensors[0]): declare each tensor once");
+            "Manifest.tensors[2] declares tensor \"a\" (float32 [4] push_pull) "
+            "again (first at Manifest.tensors[0]): declare each tensor once, "
+            "and a name anew with the next version");
 }
 
 TEST_F(TensorPlanManagerTest, RejectsRedeclaringAnEarlierTensor) {
@@ -596,8 +612,76 @@ TEST_F(TensorPlanManagerTest, RejectsRedeclaringAnEarlierTensor) {
       "n0", {Spec("a", {4}), Spec("b", {4}), Spec("c", {1}), Spec("b", {4})});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(),
-            "Manifest.tensors[3] declares tensor \"b\" again (first at "
-            "Manifest.tensors[1]): declare each tensor once");
+            "Manifest.tensors[3] declares tensor \"b\" (float32 [4] push_pull) "
+            "again (first at Manifest.tensors[1]): declare each tensor once, "
+            "and a name anew with the next version");
+}
+
+// A name declared anew with another spec is its next version: a tensor of
+// its own, planned beside the first, with its own id.
+v1::TensorSpec Version(v1::TensorSpec spec, int32_t version) {
+  spec.set_version(version);
+  return spec;
+}
+
+TEST_F(TensorPlanManagerTest, ANameDeclaredAnewIsPlannedAsItsNextVersion) {
+  const std::vector<v1::TensorSpec> first = {Spec("x", {10, 100}),
+                                             Spec("y", {1})};
+  Declare("n0", first);
+  ASSERT_TRUE(Declare("n1", first).plan.has_value());
+  std::vector<v1::TensorSpec> anew = first;
+  anew.push_back(Version(Spec("x", {10}, v1::DATA_TYPE_INT64), 1));
+  EXPECT_FALSE(Declare("n0", anew, 5).plan.has_value());
+  const auto outcome = Declare("n1", anew, 5);
+  EXPECT_THAT(outcome.mismatches, IsEmpty());
+  ASSERT_TRUE(outcome.plan.has_value());
+  EXPECT_EQ(outcome.plan->version(), 2);
+  EXPECT_THAT(Entries(*outcome.plan),
+              ElementsAre("0 x p0 4000B 1x", "1 y p1 4B 1x", "2 x p2 80B 1x"));
+  EXPECT_EQ(outcome.plan->tensors(2).spec().version(), 1);
+  EXPECT_EQ(manager_.TensorName(kJob, 2), "x (version 1)");
+  EXPECT_EQ(manager_.TensorName(kJob, 0), "x");
+}
+
+TEST_F(TensorPlanManagerTest, VersionsDisagreeingBetweenNodesAreAMismatch) {
+  Declare("n0", {Spec("x", {4}), Version(Spec("x", {2}), 1)});
+  const auto outcome =
+      Declare("n1", {Spec("x", {4}), Version(Spec("x", {3}), 1)});
+  ASSERT_THAT(outcome.mismatches, SizeIs(1));
+  EXPECT_EQ(outcome.mismatches[0].tensor(), "x");
+  EXPECT_EQ(outcome.mismatches[0].version(), 1);
+  EXPECT_EQ(outcome.mismatches[0].field(), "shape");
+  ASSERT_THAT(manager_.Mismatches(kJob), SizeIs(1));
+  EXPECT_EQ(manager_.Mismatches(kJob)[0].tensor(), "x (version 1)");
+  EXPECT_THAT(manager_.Mismatches(kJob)[0].message(),
+              HasSubstr("tensor \"x\" (version 1) has shape [2]"));
+}
+
+TEST_F(TensorPlanManagerTest, RejectsAVersionWithoutTheOneBefore) {
+  const absl::Status status =
+      DeclareStatus("n0", {Spec("x", {4}), Version(Spec("x", {2}), 2)});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "Manifest.tensors[1] declares tensor \"x\" version 2 (float32 "
+            "[2] push_pull) but not version 1 before it: a name's versions "
+            "are declared in order");
+  EXPECT_EQ(DeclareStatus("n0", {Version(Spec("y", {2}), 1)}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(TensorPlanManagerTest, RecoveredPlanKeepsEveryVersionOfAName) {
+  Declare("n0", {Spec("x", {4}), Version(Spec("x", {2}), 1)});
+  const auto outcome =
+      Declare("n1", {Spec("x", {4}), Version(Spec("x", {2}), 1)});
+  ASSERT_TRUE(outcome.plan.has_value());
+  TensorPlanManager recovered;
+  EXPECT_TRUE(recovered.Recover(kJob, *outcome.plan).ok());
+  EXPECT_EQ(recovered.TensorName(kJob, 1), "x (version 1)");
+  v1::TensorPlan repeated = *outcome.plan;
+  repeated.mutable_tensors(1)->mutable_spec()->set_version(0);
+  TensorPlanManager refused;
+  EXPECT_EQ(refused.Recover(kJob, repeated).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(TensorPlanManagerTest, RejectsNodeOutsideMembership) {
@@ -833,7 +917,8 @@ TEST(TensorPlanManagerRecoverTest, RejectsInvalidReports) {
        [](v1::TensorPlan* p) {
          p->mutable_tensors(1)->mutable_spec()->set_name("a");
        },
-       "TensorPlan.tensors[1] repeats tensor \"a\" of TensorPlan.tensors[0]"},
+       "TensorPlan.tensors[1] repeats tensor \"a\" (float32 [2] push_pull) "
+       "of TensorPlan.tensors[0]"},
       {"priority",
        [](v1::TensorPlan* p) { p->mutable_tensors(1)->set_priority(7); },
        "TensorPlan.tensors[1] is tensor_id 5 \"b\" (float32 [2] push_pull) "

@@ -70,9 +70,11 @@ _unnamed_busy = {}
 # Host tensor name -> weakref of the tensor (a parameter) whose gradient
 # lives in its shared memory (_shared_views).
 _shared_owners = {}
-# CUDA tensor name -> _DeviceSlot, kept until shutdown (the agent holds their
-# memory open until this process detaches).
+# CUDA tensor name -> _DeviceSlot of its latest declaration; earlier ones
+# (the name was declared anew) in _retired_slots. Kept until shutdown: the
+# agent holds their memory open until this process detaches.
 _device_slots = {}
+_retired_slots = []
 
 
 class _Pending:
@@ -102,10 +104,11 @@ class _DeviceSlot:
     copies `staging` into the caller's tensor on the current stream.
     """
 
-    __slots__ = ("device", "dtype", "shape", "staging", "event", "location", "declared", "busy", "stream")
+    __slots__ = ("device", "dtype", "shape", "code", "staging", "event", "location", "declared", "busy", "stream")
 
-    def __init__(self, tensor):
+    def __init__(self, tensor, code):
         self.device = tensor.device
+        self.code = code  # the collective it is declared for
         self.dtype = tensor.dtype
         self.shape = tuple(tensor.shape)
         self.staging = _cuda.allocate_staging(tensor)
@@ -118,8 +121,13 @@ class _DeviceSlot:
         # The stream of this process's last copy into or out of `staging`.
         self.stream = None
 
-    def fits(self, tensor):
-        return tensor.dtype == self.dtype and tuple(tensor.shape) == self.shape
+    def fits(self, tensor, code):
+        return (
+            tensor.device == self.device
+            and tensor.dtype == self.dtype
+            and tuple(tensor.shape) == self.shape
+            and code == self.code
+        )
 
 
 def init(attach_timeout=None):
@@ -160,6 +168,7 @@ def shutdown(drain_timeout=60.0):
         # Only now: the agent has closed its handles to the staging tensors.
         with _lock:
             _device_slots.clear()
+            del _retired_slots[:]
 
 
 def _shutdown_at_exit():
@@ -262,9 +271,10 @@ def push_pull_async(tensor, average=True, name=None):
     """Starts an in-place sum (average=False) or mean of `tensor` over all
     ranks and returns a handle for poll() and synchronize().
 
-    `name` identifies the tensor across ranks (it keeps its dtype, shape and
-    device kind for the whole job); every rank must start the same names in
-    the same order. Without a name, calls in flight together are matched by
+    `name` identifies the tensor across ranks; every rank must start the
+    same names in the same order. A name may change its dtype, shape or
+    device between operations (it is then declared anew on every rank), not
+    while one of its operations is in flight. Without a name, calls in flight together are matched by
     order. The input is copied before this returns (a CUDA tensor's on the
     current stream); `tensor` receives the result when the handle is
     synchronized.
@@ -318,21 +328,28 @@ def broadcast_async(tensor, root_rank, name):
     return _register(operation, dense, tensor if dense is not tensor else None, None)
 
 
-def _device_slot(name, tensor):
-    """The _DeviceSlot of CUDA tensor `name`, made on its first use; the
-    agent has it once _declare succeeded."""
+def _device_slot(name, tensor, code):
+    """The _DeviceSlot of CUDA tensor `name` used as `tensor` with
+    collective `code`: the name's slot when it fits, else a new one (made
+    on the name's first use, or when it is used on another device, dtype,
+    shape or collective: then it is declared anew, as its next version,
+    which needs the old one's operation synchronized). The agent has it once
+    _declare succeeded."""
     with _lock:
         slot = _device_slots.get(name)
-    if slot is None:
-        made = _DeviceSlot(tensor)
-        with _lock:
-            slot = _device_slots.setdefault(name, made)
-    if slot.device != tensor.device:
-        raise ValueError(
-            "tensor %r is on %s but was declared on %s; a name keeps its device "
-            "for the whole job: use another name" % (name, tensor.device, slot.device)
-        )
-    return slot
+        if slot is not None and slot.fits(tensor, code):
+            return slot
+        if slot is not None and slot.busy:
+            raise _in_flight(name)
+    made = _DeviceSlot(tensor, code)
+    with _lock:
+        current = _device_slots.get(name)
+        if current is not None and current.fits(tensor, code):
+            return current  # another thread made it meanwhile
+        if current is not None and current.declared:
+            _retired_slots.append(current)
+        _device_slots[name] = made
+    return made
 
 
 def _forget_undeclared(names_and_slots):
@@ -347,7 +364,8 @@ def _forget_undeclared(names_and_slots):
 def _declare(session, named_tensors, code):
     """Declares [(name, tensor)] with collective `code` in one round trip,
     CUDA tensors with their slots (made for new names). Names already
-    declared alike cost nothing; differently, ValueError."""
+    declared alike cost nothing; differently, they are declared anew (their
+    next version) unless an operation of theirs is in flight."""
     specs = []
     cuda_buffers = []
     slots = []
@@ -355,7 +373,7 @@ def _declare(session, named_tensors, code):
         for name, tensor in named_tensors:
             dtype = _dtype_of(tensor, "tensor %r" % (name,))
             if _cuda.is_cuda(tensor):
-                slot = _device_slot(name, tensor)
+                slot = _device_slot(name, tensor, code)
                 slots.append((name, slot))
                 cuda_buffers.append((len(specs),) + slot.location)
                 specs.append((name, dtype, list(tensor.shape), code, _baton.MEMORY_CUDA))
@@ -385,10 +403,10 @@ def _start_on_device(
     slot's staging tensor (not on a broadcast's other ranks) and records the
     ready event on the current stream, then enqueues. synchronize() copies
     the result into `destination` (`tensor`, or an optimizer's output)."""
-    slot = _device_slot(name, tensor)
-    if not slot.declared or not slot.fits(tensor):
-        # Declares a new name, or fails naming what differs, before anything
-        # is written into a staging tensor of another shape.
+    slot = _device_slot(name, tensor, code)
+    if not slot.declared:
+        # Declares the name (anew, when its slot changed), or fails naming
+        # why, before anything is written into the staging tensor.
         _declare(session, [(name, tensor)], code)
     with _lock:
         if slot.busy:
