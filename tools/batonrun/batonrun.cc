@@ -15,6 +15,12 @@
 // (SIGTERM, then SIGKILL after --stop_grace_ms) and batonrun exits 1 naming
 // the rank and how it ended. Every child dies with batonrun
 // (PR_SET_PDEATHSIG), so nothing is left behind.
+//
+// batonrun supervises the embedded coordinator: when it ends, it is started
+// again on the address the first one got (the agents reconnect to it and
+// re-report their jobs, which train on meanwhile), at most
+// --max_coordinator_restarts times a minute. An embedded agent that ends
+// fails the job, as a trainer does.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -28,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,6 +61,9 @@ DEFINE_string(job, "batonrun", "The job's name (BATON_JOB)");
 DEFINE_int32(stop_grace_ms, 5000,
              "After SIGTERM, how long a process may take before SIGKILL");
 DEFINE_string(agent_flags, "", "Extra flags for the embedded agents");
+DEFINE_int32(max_coordinator_restarts, 5,
+             "Restarts of the embedded coordinator allowed within a minute, "
+             "0..100; one more ends the job");
 
 namespace baton {
 namespace {
@@ -81,6 +91,7 @@ struct Child {
   pid_t pid = -1;
   int stdout_fd = -1;  // read end, when captured
   bool trainer = false;
+  bool coordinator = false;
   bool done = false;
   int status = 0;
 };
@@ -205,6 +216,11 @@ std::string Describe(int status) {
   return "ended";
 }
 
+// "1 time", "3 times".
+std::string Times(size_t n) {
+  return absl::StrCat(n, n == 1 ? " time" : " times");
+}
+
 bool Failed(int status) {
   return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
@@ -221,11 +237,21 @@ class Launcher {
 
  private:
   bool StartCluster();
+  // Starts the embedded coordinator on `listen` into `coordinator` and waits
+  // (bounded) for the address it serves on; "" (and `coordinator` reaped)
+  // when it ended or timed out first, with how in `ended`.
+  std::string StartCoordinator(const std::string& listen, Child& coordinator,
+                               std::string& ended);
+  // The embedded coordinator `c` ended: starts it again on its address,
+  // within --max_coordinator_restarts a minute. False, said why, when not.
+  bool RestartCoordinator(Child& c);
   bool StartTrainers(int node, const std::string& socket, int first_rank,
                      bool exact_rank);
   // SIGTERM to the given children, SIGKILL after the grace period.
   void Stop(bool trainers);
-  void Reap(pid_t pid, int status);
+  // Marks the child `pid` as ended; the child, or nullptr when not ours.
+  Child* Reap(pid_t pid, int status);
+  std::string CoordinatorLog() const { return dir_ + "/coordinator.log"; }
 
   std::vector<std::string> command_;
   std::string dir_;
@@ -233,27 +259,93 @@ class Launcher {
   std::vector<Child> children_;
   std::vector<std::thread> copiers_;
   bool early_exit_ = false;
+  // When the embedded coordinator was restarted, the last minute's.
+  std::deque<std::chrono::steady_clock::time_point> restarts_;
+  size_t restart_count_ = 0;
 };
 
+std::string Launcher::StartCoordinator(const std::string& listen,
+                                       Child& coordinator, std::string& ended) {
+  const std::string bin = SelfDir() + "/baton-coordinator";
+  coordinator.name = "coordinator";
+  coordinator.coordinator = true;
+  if (!Spawn(coordinator, {bin, "--listen=" + listen}, {}, true, false,
+             CoordinatorLog())) {
+    ended = absl::StrCat("cannot be started (", bin, ": ", std::strerror(errno),
+                         ")");
+    return "";
+  }
+  const std::string address =
+      ReadReadyLine(coordinator.stdout_fd, "baton-coordinator listening on ",
+                    std::chrono::seconds(10));
+  close(coordinator.stdout_fd);
+  coordinator.stdout_fd = -1;
+  if (!address.empty()) return address;
+  // Ended before it listened (its pipe closed), or hung: it is not ours to
+  // keep either way.
+  kill(coordinator.pid, SIGKILL);
+  int status = 0;
+  waitpid(coordinator.pid, &status, 0);
+  coordinator.done = true;
+  coordinator.status = status;
+  ended = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL
+              ? "did not listen within 10 s"
+              : Describe(status) + " before it listened";
+  return "";
+}
+
 bool Launcher::StartCluster() {
-  const std::string bin = SelfDir();
   char pattern[] = "/tmp/batonrun.XXXXXX";
   dir_ = mkdtemp(pattern);
   Child coordinator;
-  coordinator.name = "coordinator";
-  if (!Spawn(coordinator, {bin + "/baton-coordinator", "--listen=127.0.0.1:0"},
-             {}, true, false, dir_ + "/coordinator.log")) {
-    Say("cannot start " + bin + "/baton-coordinator");
-    return false;
-  }
-  coordinator_ =
-      ReadReadyLine(coordinator.stdout_fd, "baton-coordinator listening on ",
-                    std::chrono::seconds(10));
-  children_.push_back(coordinator);
+  std::string ended;
+  coordinator_ = StartCoordinator("127.0.0.1:0", coordinator, ended);
+  if (coordinator.pid > 0) children_.push_back(coordinator);
   if (coordinator_.empty()) {
-    Say("the coordinator did not start; see " + dir_ + "/coordinator.log");
+    Say("the coordinator " + ended + "; see " + CoordinatorLog());
     return false;
   }
+  return true;
+}
+
+bool Launcher::RestartCoordinator(Child& c) {
+  const std::string how =
+      absl::StrCat("the coordinator (pid ", c.pid, ") ", Describe(c.status));
+  const auto now = std::chrono::steady_clock::now();
+  while (!restarts_.empty() &&
+         now - restarts_.front() > std::chrono::minutes(1)) {
+    restarts_.pop_front();
+  }
+  if (static_cast<int>(restarts_.size()) >= FLAGS_max_coordinator_restarts) {
+    Say(absl::StrCat(
+        how, "; not restarting it: it was restarted ", Times(restarts_.size()),
+        " within the last minute (--max_coordinator_restarts=",
+        FLAGS_max_coordinator_restarts, "); see ", CoordinatorLog()));
+    return false;
+  }
+  // The log goes on in the same file; the line marks where.
+  if (FILE* log = std::fopen(CoordinatorLog().c_str(), "a")) {
+    std::fprintf(log, "batonrun: %s; restarting it on %s\n", how.c_str(),
+                 coordinator_.c_str());
+    std::fclose(log);
+  }
+  Child next;
+  std::string ended;
+  const std::string address = StartCoordinator(coordinator_, next, ended);
+  if (address.empty()) {
+    Say(absl::StrCat(how, "; restarting it on ", coordinator_,
+                     " failed: the new one ", ended,
+                     " (another process may hold the port now); see ",
+                     CoordinatorLog()));
+    return false;
+  }
+  restarts_.push_back(now);
+  ++restart_count_;
+  Say(absl::StrCat(how, "; restarted it on ", address, " (pid ", next.pid,
+                   ", restart ", restarts_.size(), " of at most ",
+                   FLAGS_max_coordinator_restarts, " a minute); its log is ",
+                   CoordinatorLog()));
+  c = next;
   return true;
 }
 
@@ -290,13 +382,15 @@ bool Launcher::StartTrainers(int node, const std::string& socket,
   return true;
 }
 
-void Launcher::Reap(pid_t pid, int status) {
+Child* Launcher::Reap(pid_t pid, int status) {
   for (Child& c : children_) {
     if (c.pid == pid) {
       c.done = true;
       c.status = status;
+      return &c;
     }
   }
+  return nullptr;
 }
 
 void Launcher::Stop(bool trainers) {
@@ -372,8 +466,12 @@ int Launcher::Run(const std::vector<std::string>& command) {
         int status = 0;
         const pid_t pid = waitpid(-1, &status, WNOHANG);
         if (pid > 0) {
-          // Something ended before its node joined: report it below.
-          Reap(pid, status);
+          Child* ended = Reap(pid, status);
+          if (ended != nullptr && ended->coordinator &&
+              RestartCoordinator(*ended)) {
+            continue;
+          }
+          // Something else ended before its node joined: report it below.
           early_exit_ = true;
           break;
         }
@@ -415,15 +513,15 @@ int Launcher::Run(const std::vector<std::string>& command) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
     }
-    Reap(pid, status);
-    for (const Child& c : children_) {
-      if (c.pid != pid) continue;
-      if (c.trainer && Failed(status)) {
-        failure = absl::StrCat(c.name, " (pid ", pid, ") ", Describe(status));
-      } else if (!c.trainer) {
-        failure = absl::StrCat(c.name, " (pid ", pid, ") ", Describe(status),
-                               "; its log is in ", dir_);
-      }
+    Child* ended = Reap(pid, status);
+    if (ended == nullptr) continue;
+    if (ended->coordinator && RestartCoordinator(*ended)) continue;
+    if (ended->trainer && Failed(status)) {
+      failure =
+          absl::StrCat(ended->name, " (pid ", pid, ") ", Describe(status));
+    } else if (!ended->trainer) {
+      failure = absl::StrCat(ended->name, " (pid ", pid, ") ", Describe(status),
+                             "; its log is in ", dir_);
     }
     if (!failure.empty()) break;
   }
@@ -434,7 +532,10 @@ int Launcher::Run(const std::vector<std::string>& command) {
     Say(failure + "; stopped the others");
     return 1;
   }
-  if (exit_code == 0 && embedded) {
+  if (exit_code == 0 && embedded && restart_count_ > 0) {
+    Say(absl::StrCat("the coordinator was restarted ", Times(restart_count_),
+                     "; kept its log ", CoordinatorLog()));
+  } else if (exit_code == 0 && embedded) {
     std::system(absl::StrCat("rm -rf ", dir_).c_str());
   }
   return exit_code;
@@ -474,6 +575,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "batonrun: no command: batonrun --nodes N --procs-per-node P "
                  "-- CMD ARGS...\n");
+    return 2;
+  }
+  if (FLAGS_max_coordinator_restarts < 0 ||
+      FLAGS_max_coordinator_restarts > 100) {
+    std::fprintf(stderr,
+                 "batonrun: --max_coordinator_restarts=%d must be in 0..100\n",
+                 FLAGS_max_coordinator_restarts);
     return 2;
   }
   if (FLAGS_nodes < 1 || FLAGS_nodes > 64 || FLAGS_procs_per_node < 1 ||

@@ -4,6 +4,7 @@
 // every result against values computed here, and prints "PASS checks=N" or
 // "FAIL ..." lines (exit 1), or "FAILED step=S code=C: message" when an
 // operation fails (exit 3).
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,12 +12,15 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "baton/client.h"
 #include "gflags/gflags.h"
@@ -37,6 +41,13 @@ DEFINE_int32(step_sleep_ms, 0, "sleep between steps (loop scenario)");
 DEFINE_bool(retry, false,
             "on ABORTED / UNAVAILABLE / DEADLINE_EXCEEDED, print RETRY, wait "
             "for the next generation and run the step again");
+DEFINE_int32(kill_coordinator_at_step, -1,
+             "rank 0, after this step (loop scenario): SIGKILL the "
+             "baton-coordinator that its parent (batonrun) started, and wait "
+             "until it is dead");
+DEFINE_int32(late_tensor_at_step, -1,
+             "from this step on (loop scenario): a second tensor, declared "
+             "then, which only a running coordinator can plan");
 
 namespace baton {
 namespace {
@@ -203,6 +214,60 @@ int Failed(int64_t step, const absl::Status& status) {
   return 3;
 }
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+}
+
+// Kills the baton-coordinator among the parent's children and waits (10 s
+// at most) until it is a zombie or gone.
+void KillCoordinator(int64_t step) {
+  const pid_t parent = getppid();
+  std::vector<pid_t> found;
+  std::ifstream children(
+      absl::StrCat("/proc/", parent, "/task/", parent, "/children"));
+  pid_t child;
+  while (children >> child) {
+    // argv[0], up to its NUL.
+    std::string argv0 = ReadAll(absl::StrCat("/proc/", child, "/cmdline"));
+    argv0 = argv0.substr(0, argv0.find('\0'));
+    const size_t slash = argv0.rfind('/');
+    if (argv0.substr(slash == std::string::npos ? 0 : slash + 1) ==
+        "baton-coordinator") {
+      found.push_back(child);
+    }
+  }
+  if (found.size() != 1) {
+    Die("--kill_coordinator_at_step",
+        absl::NotFoundError(
+            absl::StrCat("expected one baton-coordinator child of pid ", parent,
+                         " (batonrun), found ", found.size())));
+  }
+  if (kill(found[0], SIGKILL) != 0) {
+    Die("--kill_coordinator_at_step",
+        absl::InternalError(std::strerror(errno)));
+  }
+  const std::string stat = absl::StrCat("/proc/", found[0], "/stat");
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    // "PID (COMM) STATE ...": Z once it is dead and not yet reaped.
+    const std::string text = ReadAll(stat);
+    const size_t paren = text.rfind(") ");
+    if (paren == std::string::npos || text[paren + 2] == 'Z') break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      Die("--kill_coordinator_at_step",
+          absl::DeadlineExceededError(
+              "the coordinator is alive 10 s after SIGKILL"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::printf("killed the coordinator (pid %d) after step %" PRId64 "\n",
+              static_cast<int>(found[0]), step);
+  std::fflush(stdout);
+}
+
 int Main() {
   absl::StatusOr<ClientOptions> options = ClientOptions::FromEnvironment();
   if (!options.ok()) Die("options", options.status());
@@ -289,6 +354,12 @@ int Main() {
       handles = {*large, *urgent};
       order = {(*tensors)[1], (*tensors)[0]};
     } else {
+      if (FLAGS_scenario == "loop" && step == FLAGS_late_tensor_at_step) {
+        auto late = c.Declare({Spec("late", v1::DATA_TYPE_FLOAT32, FLAGS_count,
+                                    v1::COLLECTIVE_OP_PUSH_PULL)});
+        if (!late.ok()) Die("declare late", late.status());
+        tensors->insert(tensors->end(), late->begin(), late->end());
+      }
       // Backward order: the last declared tensor is ready first.
       for (auto it = tensors->rbegin(); it != tensors->rend(); ++it) {
         const Tensor& t = **it;
@@ -340,6 +411,9 @@ int Main() {
       std::printf("step %" PRId64 " ok generation=%" PRId64 "\n", step,
                   handles[0]->generation());
       std::fflush(stdout);
+      if (step == FLAGS_kill_coordinator_at_step && rank == 0) {
+        KillCoordinator(step);
+      }
       if (FLAGS_step_sleep_ms > 0) {
         std::this_thread::sleep_for(
             std::chrono::milliseconds(FLAGS_step_sleep_ms));
