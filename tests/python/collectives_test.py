@@ -112,13 +112,35 @@ def test_bad_tensors_are_refused_with_the_reason():
             assert text in str(e), str(e)
         else:
             raise AssertionError("push_pull accepted %r" % (bad,))
-    bt.push_pull(torch.zeros(3), name="shape.fixed")
+
+
+def test_a_name_is_declared_anew_once_nothing_of_it_is_in_flight():
+    """As in Horovod and BytePS: a name may change its shape, dtype and
+    collective between operations; changing it while its operation is in
+    flight is refused, and the refusal changes nothing."""
+    for dtype, shape in [(torch.float32, (10, 100)), (torch.float32, (10,)), (torch.int64, (2, 3))]:
+        out = bt.push_pull(rank_tensor(dtype, shape), average=False, name="reused")
+        assert torch.equal(out, expected_sum(dtype, shape)), (dtype, shape, out)
+    handle = bt.push_pull_async(rank_tensor(torch.int64, (2, 3)), average=False, name="reused")
     try:
-        bt.push_pull(torch.zeros(4), name="shape.fixed")
-    except ValueError as e:
-        assert "was declared as DATA_TYPE_FLOAT32[3]" in str(e), str(e)
+        bt.push_pull_async(torch.zeros(4), name="reused")
+    except bt.BatonError as e:
+        assert e.code == "FAILED_PRECONDITION", e.code
+        assert 'tensor "reused" already has an operation in flight' in str(e), str(e)
     else:
-        raise AssertionError("a name changed its shape")
+        raise AssertionError("a name changed its spec while in flight")
+    assert torch.equal(bt.synchronize(handle), expected_sum(torch.int64, (2, 3)))
+    root = torch.full((3,), float(bt.rank()))
+    bt.broadcast(root, 1, name="reused")
+    assert torch.equal(root, torch.full((3,), 1.0)), root
+    # A second model with the same parameter names and other shapes.
+    for width in (6, 9):
+        torch.manual_seed(200 + width + bt.rank())
+        model = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 2))
+        bt.broadcast_parameters(model.state_dict(), root_rank=0)
+        torch.manual_seed(200 + width)
+        expected = torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 2))
+        assert_like_root(model, expected, "width %d" % width)
 
 
 def make_model(seed):

@@ -120,6 +120,7 @@ class FakeSession:
         self.log = log
         self._rank = rank
         self.declared = {}  # name -> (spec, cuda buffer or None)
+        self.versions = {}  # name -> times it was declared anew
         self.refuse = None  # an exception for the next declare
         self.fail_next = None  # an exception for the next synchronize
         self.shutdown_saw_slots = None
@@ -140,9 +141,10 @@ class FakeSession:
             name = spec[0]
             memory = spec[4] if len(spec) == 5 else _baton.MEMORY_HOST
             entry = ((spec[1], tuple(spec[2]), spec[3], memory), buffer_of.get(index))
-            known = self.declared.get(name)
-            if known is not None and known != entry:
-                raise ValueError('tensor "%s" was declared as %s but is used as %s' % (name, known, entry))
+            # As the real Session: a name declared differently is declared
+            # anew, its next version.
+            if self.declared.get(name, entry) != entry:
+                self.versions[name] = self.versions.get(name, 0) + 1
             self.declared[name] = entry
 
     def _enqueue(self, name, spec, memory_handle, offset, event_handle, pci_bus_id):
@@ -321,25 +323,42 @@ class PushPullTest(CudaTestCase):
         self.assertEqual(len(self.events("allocate")), 2)
         self.assertTrue(torch.equal(tensor, torch.tensor([11.0, 12.0])))
 
-    def test_another_shape_fails_before_the_staging_tensor_is_written(self):
+    def test_another_shape_declares_the_name_anew_with_its_own_staging_tensor(self):
         bt.push_pull(cuda_tensor([1.0, 2.0, 3.0]), average=False, name="g")
-        staging = bt._device_slots["g"].staging.clone()
-        with self.assertRaises(ValueError) as raised:
-            bt.push_pull_async(cuda_tensor([9.0, 9.0, 9.0, 9.0]), name="g")
-        self.assertIn('tensor "g" was declared as', str(raised.exception))
-        self.assertTrue(torch.equal(bt._device_slots["g"].staging, staging))
-        self.assertEqual(len(self.events("enqueue")), 1)
-        # The name still works as declared.
-        tensor = cuda_tensor([0.0, 0.0, 0.0])
+        first = bt._device_slots["g"]
+        tensor = cuda_tensor([1.0, 2.0, 3.0, 4.0])
         bt.push_pull(tensor, average=False, name="g")
-        self.assertTrue(torch.equal(tensor, torch.full((3,), 10.0)))
+        self.assertTrue(torch.equal(tensor, torch.tensor([11.0, 12.0, 13.0, 14.0])))
+        self.assertEqual(self.session.versions, {"g": 1})
+        self.assertIsNot(bt._device_slots["g"], first)
+        self.assertEqual(bt._device_slots["g"].shape, (4,))
+        # The agent holds the old staging tensor open until shutdown.
+        self.assertEqual(bt._retired_slots, [first])
+        self.assertEqual(len(self.events("allocate")), 2)
 
-    def test_another_device_is_refused(self):
+    def test_another_shape_while_in_flight_is_refused_before_anything_is_written(self):
+        handle = bt.push_pull_async(cuda_tensor([1.0, 2.0, 3.0]), average=False, name="g")
+        slot = bt._device_slots["g"]
+        staging = slot.staging.clone()
+        with self.assertRaises(bt.BatonError) as raised:
+            bt.push_pull_async(cuda_tensor([9.0, 9.0, 9.0, 9.0]), name="g")
+        self.assertEqual(raised.exception.code, "FAILED_PRECONDITION")
+        self.assertIn('tensor "g" already has an operation in flight', str(raised.exception))
+        self.assertIs(bt._device_slots["g"], slot)
+        self.assertTrue(torch.equal(slot.staging, staging))
+        self.assertEqual(len(self.events("allocate")), 1)
+        self.assertEqual(len(self.events("enqueue")), 1)
+        self.assertTrue(torch.equal(bt.synchronize(handle), torch.tensor([11.0, 12.0, 13.0])))
+
+    def test_another_device_declares_the_name_anew(self):
         bt.declare("g", cuda_tensor([1.0]))
-        bt._device_slots["g"].device = torch.device("meta")
-        with self.assertRaises(ValueError) as raised:
-            bt.push_pull_async(cuda_tensor([1.0]), name="g")
-        self.assertIn("a name keeps its device", str(raised.exception))
+        first = bt._device_slots["g"]
+        first.device = torch.device("meta")
+        tensor = cuda_tensor([1.0])
+        bt.push_pull(tensor, average=False, name="g")
+        self.assertTrue(torch.equal(tensor, torch.tensor([11.0])))
+        self.assertEqual(self.session.versions, {"g": 1})
+        self.assertEqual(bt._retired_slots, [first])
 
     def test_output_for_optimizers_leaves_the_gradient_alone(self):
         gradient = cuda_tensor([2.0, 4.0])

@@ -125,7 +125,17 @@ TEST_F(AgentErrorsTest, BadDeclarationsNameTheTensorAndField) {
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ((*w)[0]->index(), 0);
   bad = clients[0]->Declare({Spec("w", v1::DATA_TYPE_FLOAT32, {4})});
-  EXPECT_THAT(bad.status().message(), HasSubstr("a second time"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("declares \"w\" (float32 [4] push_pull) but its "
+                        "latest version is 0: declare a name anew as its "
+                        "next version (1)"));
+  v1::TensorSpec skipped = Spec("w", v1::DATA_TYPE_FLOAT32, {2});
+  skipped.set_version(2);
+  bad = clients[0]->Declare({skipped});
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("its latest version is 0: declare a name anew as its "
+                        "next version (1)"));
   // The other local rank declares #0 differently.
   bad = clients[1]->Declare({Spec("w", v1::DATA_TYPE_INT64, {4})});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
