@@ -172,8 +172,7 @@ class Session::Impl {
             if (b.index() == static_cast<int32_t>(f)) known_buffer = &b;
           }
         }
-        if (known != nullptr &&
-            CheckSame(*known, known_buffer, spec, buffer).ok()) {
+        if (known != nullptr && SameUse(*known, known_buffer, spec, buffer)) {
           continue;  // declared alike: nothing to do
         }
         // New, or declared anew: the name's next version, once nothing of
@@ -291,9 +290,8 @@ class Session::Impl {
     // Declared on first use, and anew (its next version) when used with
     // another spec or CUDA buffer than its latest declaration.
     if (tensor == nullptr ||
-        !CheckSame(tensor->spec(), declared_buffer, spec,
-                   on_device ? &cuda_buffers.front() : nullptr)
-             .ok()) {
+        !SameUse(tensor->spec(), declared_buffer, spec,
+                 on_device ? &cuda_buffers.front() : nullptr)) {
       if (absl::Status s = Declare({spec}, cuda_buffers); !s.ok()) return s;
       absl::MutexLock lock(&mu_);
       tensor = tensors_.at(name);
@@ -434,27 +432,15 @@ class Session::Impl {
         "the baton session is shut down; call Init again to start a new one");
   }
 
-  // OK when a use of a declared name (`buffer` null for host memory)
-  // matches its latest declaration; otherwise what differs.
-  static absl::Status CheckSame(const v1::TensorSpec& declared,
-                                const v1::CudaBuffer* declared_buffer,
-                                const v1::TensorSpec& used,
-                                const v1::CudaBuffer* buffer) {
-    const std::string& name = used.name();
-    if (!SameSpec(declared, used)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor \"", name, "\" was declared as ",
-                       SpecText(declared), " but is used as ", SpecText(used)));
-    }
-    if (declared_buffer != nullptr && buffer != nullptr &&
-        !SameCudaBuffer(*declared_buffer, *buffer)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor \"", name,
-                       "\" is used with another CUDA buffer than it was "
-                       "declared with (its memory_handle, offset, "
-                       "event_handle or pci_bus_id differ)"));
-    }
-    return absl::OkStatus();
+  // Whether a use of a declared name (`buffer` null for host memory)
+  // matches its latest declaration; when not, the use declares it anew.
+  static bool SameUse(const v1::TensorSpec& declared,
+                      const v1::CudaBuffer* declared_buffer,
+                      const v1::TensorSpec& used,
+                      const v1::CudaBuffer* buffer) {
+    return SameSpec(declared, used) &&
+           (declared_buffer == nullptr || buffer == nullptr ||
+            SameCudaBuffer(*declared_buffer, *buffer));
   }
 
   // A name is declared anew (`used`) only when no operation of its latest

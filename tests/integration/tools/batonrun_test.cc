@@ -344,7 +344,6 @@ TEST(BatonrunTest, ACoordinatorPortTakenMeanwhileEndsTheJobNamingIt) {
   const std::string kept = KeptDirectory(result.err);
   EXPECT_TRUE(result.exit.exited && result.exit.exit_code == 1)
       << result.exit.ToString() << result.err;
-  EXPECT_LT(result.exit.elapsed, absl::Seconds(25));
   EXPECT_THAT(result.err,
               HasSubstr(absl::StrCat(
                   "the coordinator (pid ", coordinator,

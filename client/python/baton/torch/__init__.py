@@ -274,8 +274,8 @@ def push_pull_async(tensor, average=True, name=None):
     `name` identifies the tensor across ranks; every rank must start the
     same names in the same order. A name may change its dtype, shape or
     device between operations (it is then declared anew on every rank), not
-    while one of its operations is in flight. Without a name, calls in flight together are matched by
-    order. The input is copied before this returns (a CUDA tensor's on the
+    while one of its operations is in flight. Without a name, calls in
+    flight together are matched by order. The input is copied before this returns (a CUDA tensor's on the
     current stream); `tensor` receives the result when the handle is
     synchronized.
     """
@@ -346,6 +346,8 @@ def _device_slot(name, tensor, code):
         current = _device_slots.get(name)
         if current is not None and current.fits(tensor, code):
             return current  # another thread made it meanwhile
+        if current is not None and current.busy:
+            raise _in_flight(name)  # started meanwhile
         if current is not None and current.declared:
             _retired_slots.append(current)
         _device_slots[name] = made
