@@ -40,7 +40,9 @@ DEFINE_int64(count, 1024, "elements of the loop scenario's tensor");
 DEFINE_int32(step_sleep_ms, 0, "sleep between steps (loop scenario)");
 DEFINE_bool(retry, false,
             "on ABORTED / UNAVAILABLE / DEADLINE_EXCEEDED, print RETRY, wait "
-            "for the next generation and run the step again");
+            "for the next generation, agree with the other ranks on the step "
+            "to resume from (rank 0's failed step: a collective that timed "
+            "out may have completed on some nodes) and run it again");
 DEFINE_int32(kill_coordinator_at_step, -1,
              "rank 0, after this step (loop scenario): SIGKILL the "
              "baton-coordinator that its parent (batonrun) started, and wait "
@@ -333,6 +335,43 @@ int Main() {
   }
   auto tensors = c.Declare(specs);
   if (!tensors.ok()) Die("declare", tensors.status());
+  // --retry: rank 0's failed step, broadcast after each failure.
+  std::shared_ptr<Tensor> resume;
+  int64_t resumes = 0;
+  if (FLAGS_retry) {
+    auto declared = c.Declare(
+        {Spec("resume", v1::DATA_TYPE_INT64, 1, v1::COLLECTIVE_OP_BROADCAST)});
+    if (!declared.ok()) Die("declare resume", declared.status());
+    resume = declared->front();
+  }
+  // The step every rank resumes from after `failed_step` failed here in
+  // `failed_generation`; a failure meanwhile waits for the next generation
+  // and agrees again, a few times at most.
+  const auto agree_on_resume =
+      [&](int64_t failed_step,
+          int64_t failed_generation) -> absl::StatusOr<int64_t> {
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      auto next =
+          c.WaitForGeneration(failed_generation, std::chrono::minutes(2));
+      if (!next.ok()) return next.status();
+      std::memcpy(resume->input(), &failed_step, sizeof(failed_step));
+      auto handle = c.BroadcastAsync(*resume, resumes++, 0);
+      if (!handle.ok()) return handle.status();
+      const absl::Status status = (*handle)->Wait(std::chrono::minutes(2));
+      if (status.ok()) {
+        int64_t agreed = failed_step;
+        if (c.rank() != 0) {
+          std::memcpy(&agreed, resume->output(), sizeof(agreed));
+        }
+        return agreed;
+      }
+      std::printf("RETRY resume code=%d: %s\n", static_cast<int>(status.code()),
+                  std::string(status.message()).c_str());
+      std::fflush(stdout);
+      failed_generation = (*handle)->generation();
+    }
+    return absl::DeadlineExceededError("no agreement on the step to resume");
+  };
 
   for (int64_t step = 0; step < FLAGS_steps; ++step) {
     std::vector<std::shared_ptr<Handle>> handles;
@@ -401,10 +440,9 @@ int Main() {
     if (retry) {
       // The next generation may already be there: wait for one newer than
       // the generation the step failed in, not the current one.
-      auto next =
-          c.WaitForGeneration(failed_generation, std::chrono::minutes(2));
-      if (!next.ok()) return Failed(step, next.status());
-      --step;
+      auto agreed = agree_on_resume(step, failed_generation);
+      if (!agreed.ok()) return Failed(step, agreed.status());
+      step = *agreed - 1;
       continue;
     }
     if (FLAGS_scenario == "loop") {
