@@ -35,24 +35,79 @@ def test_identity():
 def test_push_pull_sums_and_averages():
     for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16):
         t = rank_tensor(dtype)
-        out = bt.push_pull(t, average=False, name="sum.%s" % dtype)
-        assert out is t, "push_pull works in place"
+        out = bt.push_pull_inplace(t, average=False, name="sum.%s" % dtype)
+        assert out is t, "push_pull_inplace works in place"
         assert torch.equal(t, expected_sum(dtype)), (dtype, t)
     t = rank_tensor(torch.float64)
-    bt.push_pull(t, average=True, name="mean")
+    bt.push_pull_inplace(t, average=True, name="mean")
     assert torch.allclose(t, expected_sum(torch.float64) / bt.size()), t
     # Steps repeat on the same name.
     for step in range(3):
         t = torch.full((4,), float(bt.rank() + step))
-        bt.push_pull(t, name="mean.repeated")
+        mean = bt.push_pull(t, name="mean.repeated")
         want = sum(r + step for r in range(bt.size())) / bt.size()
-        assert torch.allclose(t, torch.full((4,), want)), (step, t)
+        assert torch.allclose(mean, torch.full((4,), want)), (step, mean)
+
+
+def assert_new_result(out, t, before, want, what):
+    """`out` is a new dense tensor holding exactly `want`; `t` still holds
+    `before`, bit for bit."""
+    assert out is not t, "%s: push_pull returned its input" % what
+    assert out.data_ptr() != t.data_ptr(), "%s: the result shares the input's memory" % what
+    assert out.is_contiguous() and out.dtype == t.dtype and out.shape == t.shape, what
+    assert torch.equal(out, want), "%s: %s" % (what, out)
+    assert torch.equal(t, before), "%s: push_pull changed its input to %s" % (what, t)
+
+
+def test_push_pull_returns_a_new_tensor_and_leaves_the_input_alone():
+    """BytePS's push_pull and push_pull_async, Horovod's allreduce: the
+    result is a new tensor, the input stays as it was."""
+    for dtype in (torch.float32, torch.int64):
+        t = rank_tensor(dtype)
+        before = t.clone()
+        out = bt.push_pull(t, average=False, name="outofplace.%s" % dtype)
+        assert_new_result(out, t, before, expected_sum(dtype), "named %s" % dtype)
+        out = bt.push_pull(t, average=False)
+        assert_new_result(out, t, before, expected_sum(dtype), "unnamed %s" % dtype)
+    t = rank_tensor(torch.float64)
+    mean = bt.push_pull(t, name="outofplace.mean")
+    assert torch.equal(mean, expected_sum(torch.float64) / bt.size()), mean
+    assert torch.equal(t, rank_tensor(torch.float64)), t
+    # Async, named and unnamed, in flight together with a non-contiguous input.
+    named = rank_tensor(torch.float32, (4, 3))
+    unnamed = rank_tensor(torch.float32, (4, 3))
+    transposed = rank_tensor(torch.float32, (3, 4)).t()
+    assert not transposed.is_contiguous()
+    handles = [
+        bt.push_pull_async(named, average=False, name="outofplace.async"),
+        bt.push_pull_async(unnamed, average=False),
+        bt.push_pull_async(transposed, average=False, name="outofplace.transposed"),
+    ]
+    # The input may be changed at once: it was copied when the call returned.
+    named.fill_(-1)
+    want = expected_sum(torch.float32, (4, 3))
+    assert_new_result(bt.synchronize(handles[0]), named, torch.full((4, 3), -1.0), want, "async named")
+    assert_new_result(
+        bt.synchronize(handles[1]), unnamed, rank_tensor(torch.float32, (4, 3)), want, "async unnamed"
+    )
+    assert_new_result(
+        bt.synchronize(handles[2]),
+        transposed,
+        rank_tensor(torch.float32, (3, 4)).t(),
+        expected_sum(torch.float32, (3, 4)).t(),
+        "async non-contiguous",
+    )
+    # A parameter: the result is a plain tensor, the parameter untouched.
+    p = torch.nn.Parameter(rank_tensor(torch.float32))
+    out = bt.push_pull(p, average=False, name="outofplace.param")
+    assert not out.requires_grad
+    assert_new_result(out, p.detach(), rank_tensor(torch.float32), expected_sum(torch.float32), "param")
 
 
 def test_push_pull_async_delivers_only_at_synchronize():
     t = rank_tensor(torch.float32)
     before = t.clone()
-    handle = bt.push_pull_async(t, average=False, name="async")
+    handle = bt.push_pull_async_inplace(t, average=False, name="async")
     while not bt.poll(handle):
         pass
     assert torch.equal(t, before), "the result lands in the tensor at synchronize()"
@@ -73,7 +128,7 @@ def test_synchronize_times_out_while_a_rank_lags_then_delivers():
     bt.declare("lag", t)
     bt.declare("release", release, op="broadcast")
     if bt.rank() == 0:
-        handle = bt.push_pull_async(t, average=False, name="lag")
+        handle = bt.push_pull_async_inplace(t, average=False, name="lag")
         try:
             bt.synchronize(handle, timeout=0.2)
         except TimeoutError as e:
@@ -85,20 +140,23 @@ def test_synchronize_times_out_while_a_rank_lags_then_delivers():
         bt.synchronize(handle)
     else:
         bt.broadcast(release, 0, "release")
-        bt.push_pull(t, average=False, name="lag")
+        bt.push_pull_inplace(t, average=False, name="lag")
     want = float(sum(range(bt.size())))
     assert torch.equal(t, torch.full((3,), want)), t
 
 
-def test_unnamed_and_non_contiguous_tensors():
+def test_unnamed_and_non_contiguous_tensors_in_place():
     a = rank_tensor(torch.float32, (3, 4)).t()  # not contiguous
     b = rank_tensor(torch.float32, (3, 4)).t()
-    ha = bt.push_pull_async(a, average=False)
-    hb = bt.push_pull_async(b, average=False)  # same shape, in flight together
-    bt.synchronize(hb)
-    bt.synchronize(ha)
+    ha = bt.push_pull_async_inplace(a, average=False)
+    hb = bt.push_pull_async_inplace(b, average=False)  # same shape, in flight together
+    assert bt.synchronize(hb) is b
+    assert bt.synchronize(ha) is a
     want = expected_sum(torch.float32, (3, 4)).t()
     assert torch.equal(a, want) and torch.equal(b, want), (a, b)
+    c = rank_tensor(torch.int32, (3, 4)).t()
+    assert bt.push_pull_inplace(c, average=False, name="inplace.transposed") is c
+    assert torch.equal(c, expected_sum(torch.int32, (3, 4)).t()), c
 
 
 def test_bad_tensors_are_refused_with_the_reason():
@@ -206,7 +264,7 @@ def test_nodes_disagreeing_fail_the_operation_on_every_rank_naming_both():
     t = torch.ones(2)
     first_node = bt.rank() < bt.local_size()
     try:
-        bt.push_pull(t, average=not first_node, name="disagree")
+        bt.push_pull_inplace(t, average=not first_node, name="disagree")
     except baton.BatonError as e:
         assert "disagree" in str(e), str(e)
         code = e.code
@@ -214,7 +272,7 @@ def test_nodes_disagreeing_fail_the_operation_on_every_rank_naming_both():
         raise AssertionError("nodes disagreeing on average were not reported")
     assert code in ("FAILED_PRECONDITION", "INVALID_ARGUMENT", "ABORTED"), code
     assert torch.equal(t, torch.ones(2)), "a failed operation leaves the tensor alone"
-    bt.push_pull(t, average=False, name="disagree")
+    bt.push_pull_inplace(t, average=False, name="disagree")
     assert torch.equal(t, torch.full((2,), float(bt.size()))), t
 
 

@@ -77,8 +77,8 @@ def test_device_enqueues_check_their_buffer_too():
 def test_host_tensors_still_work_under_the_names_refused_above():
     for name in ("g", "h"):
         t = torch.full((4,), float(bt.rank()))
-        bt.push_pull(t, average=False, name=name)
-        assert torch.equal(t, torch.full((4,), float(sum(range(bt.size()))))), t
+        out = bt.push_pull(t, average=False, name=name)
+        assert torch.equal(out, torch.full((4,), float(sum(range(bt.size()))))), out
 
 
 if __name__ == "__main__":

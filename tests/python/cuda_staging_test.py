@@ -252,19 +252,40 @@ class PushPullTest(CudaTestCase):
         # The staging tensor held the input when the event was recorded (the
         # fake session checks it is unchanged at the enqueue).
         self.assertTrue(torch.equal(self.events("enqueue")[0][2], torch.tensor([1.0, 2.0, 3.0])))
-        # Until synchronized, the caller's tensor keeps its input.
-        self.assertTrue(torch.equal(tensor, torch.tensor([1.0, 2.0, 3.0])))
-
+        # Out of place: the result is a new tensor; the input stays as it was.
         result = bt.synchronize(handle)
-        self.assertIs(result, tensor)
-        self.assertTrue(torch.equal(tensor, torch.tensor([11.0, 12.0, 13.0])))
+        self.assertIsNot(result, tensor)
+        self.assertTrue(torch.equal(result, torch.tensor([11.0, 12.0, 13.0])))
+        self.assertTrue(torch.equal(tensor, torch.tensor([1.0, 2.0, 3.0])))
+        self.assertNotEqual(result.data_ptr(), bt._device_slots["g"].staging.data_ptr())
 
-        # The next step reuses the staging tensor and the declaration.
+        # The next step, in place, reuses the staging tensor and the
+        # declaration.
         tensor.copy_(torch.tensor([4.0, 5.0, 6.0]))
-        self.assertIs(bt.push_pull(tensor, average=True, name="g"), tensor)
+        handle = bt.push_pull_async_inplace(tensor, average=True, name="g")
+        # Until synchronized, the caller's tensor keeps its input.
+        self.assertTrue(torch.equal(tensor, torch.tensor([4.0, 5.0, 6.0])))
+        self.assertIs(bt.synchronize(handle), tensor)
         self.assertEqual(self.kinds()[4:], ["synchronize", "record", "enqueue", "synchronize"])
         self.assertTrue(torch.equal(tensor, torch.tensor([7.0, 7.5, 8.0])))
         self.assertEqual(len(bt._device_slots), 1)
+        self.assertEqual(len(self.events("allocate")), 1)
+
+    def test_push_pull_returns_a_new_tensor_and_push_pull_inplace_the_input(self):
+        tensor = cuda_tensor([1.0, 2.0])
+        result = bt.push_pull(tensor, average=False, name="g")
+        self.assertIsNot(result, tensor)
+        self.assertTrue(torch.equal(result, torch.tensor([11.0, 12.0])))
+        self.assertTrue(torch.equal(tensor, torch.tensor([1.0, 2.0])))
+        self.assertIs(bt.push_pull_inplace(tensor, average=False, name="g"), tensor)
+        self.assertTrue(torch.equal(tensor, torch.tensor([11.0, 12.0])))
+        # The first result is the caller's: the second operation left it alone.
+        self.assertTrue(torch.equal(result, torch.tensor([11.0, 12.0])))
+        unnamed = cuda_tensor([3.0])
+        self.assertTrue(torch.equal(bt.push_pull(unnamed, average=False), torch.tensor([13.0])))
+        self.assertTrue(torch.equal(unnamed, torch.tensor([3.0])))
+        self.assertIs(bt.push_pull_inplace(unnamed, average=False), unnamed)
+        self.assertTrue(torch.equal(unnamed, torch.tensor([13.0])))
 
     def test_non_contiguous_tensors_get_their_result_in_place(self):
         base = torch.arange(12, dtype=torch.float64).reshape(3, 4)
@@ -272,15 +293,24 @@ class PushPullTest(CudaTestCase):
         tensor.fake_cuda = True
         self.assertFalse(tensor.is_contiguous())
         expected = tensor + 10
-        bt.push_pull(tensor, average=False, name="t")
+        bt.push_pull_inplace(tensor, average=False, name="t")
         self.assertTrue(torch.equal(tensor, expected))
         self.assertTrue(torch.equal(base, expected.t()))
         (_, specs, _), = self.events("declare")
         self.assertEqual(specs[0][2], [4, 3])
 
+    def test_non_contiguous_tensors_out_of_place_get_a_dense_result(self):
+        base = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+        tensor = base.t()
+        tensor.fake_cuda = True
+        result = bt.push_pull(tensor, average=False, name="t")
+        self.assertTrue(result.is_contiguous())
+        self.assertTrue(torch.equal(result, tensor + 10))
+        self.assertTrue(torch.equal(base, torch.arange(12, dtype=torch.float64).reshape(3, 4)))
+
     def test_a_second_operation_in_flight_is_refused_and_leaves_the_staging_tensor_alone(self):
         first = cuda_tensor([1.0, 2.0])
-        handle = bt.push_pull_async(first, name="g")
+        handle = bt.push_pull_async_inplace(first, name="g")
         with self.assertRaises(bt.BatonError) as raised:
             bt.push_pull_async(cuda_tensor([5.0, 5.0]), name="g")
         self.assertEqual(raised.exception.code, "FAILED_PRECONDITION")
@@ -292,7 +322,7 @@ class PushPullTest(CudaTestCase):
 
     def test_a_failed_operation_frees_the_name_and_a_timeout_does_not(self):
         tensor = cuda_tensor([1.0])
-        handle = bt.push_pull_async(tensor, average=False, name="g")
+        handle = bt.push_pull_async_inplace(tensor, average=False, name="g")
         self.session.fail_next = TimeoutError("tensor g did not complete")
         with self.assertRaises(TimeoutError):
             bt.synchronize(handle, timeout=0.1)
@@ -304,7 +334,7 @@ class PushPullTest(CudaTestCase):
         self.assertEqual(raised.exception.code, "ABORTED")
         # A failed operation wrote nothing into the caller's tensor.
         self.assertTrue(torch.equal(tensor, torch.tensor([1.0])))
-        bt.push_pull(tensor, average=False, name="g")
+        bt.push_pull_inplace(tensor, average=False, name="g")
         self.assertTrue(torch.equal(tensor, torch.tensor([11.0])))
 
     def test_a_refused_declaration_keeps_no_staging_tensor(self):
@@ -319,7 +349,7 @@ class PushPullTest(CudaTestCase):
         self.assertEqual(self.events("enqueue"), [])
         self.assertEqual(bt._unnamed_busy, {})
         # Accepted later: declared with a fresh staging tensor.
-        bt.push_pull(tensor, average=False, name="g")
+        bt.push_pull_inplace(tensor, average=False, name="g")
         self.assertEqual(len(self.events("allocate")), 2)
         self.assertTrue(torch.equal(tensor, torch.tensor([11.0, 12.0])))
 
@@ -327,7 +357,7 @@ class PushPullTest(CudaTestCase):
         bt.push_pull(cuda_tensor([1.0, 2.0, 3.0]), average=False, name="g")
         first = bt._device_slots["g"]
         tensor = cuda_tensor([1.0, 2.0, 3.0, 4.0])
-        bt.push_pull(tensor, average=False, name="g")
+        bt.push_pull_inplace(tensor, average=False, name="g")
         self.assertTrue(torch.equal(tensor, torch.tensor([11.0, 12.0, 13.0, 14.0])))
         self.assertEqual(self.session.versions, {"g": 1})
         self.assertIsNot(bt._device_slots["g"], first)
@@ -355,7 +385,7 @@ class PushPullTest(CudaTestCase):
         first = bt._device_slots["g"]
         first.device = torch.device("meta")
         tensor = cuda_tensor([1.0])
-        bt.push_pull(tensor, average=False, name="g")
+        bt.push_pull_inplace(tensor, average=False, name="g")
         self.assertTrue(torch.equal(tensor, torch.tensor([11.0])))
         self.assertEqual(self.session.versions, {"g": 1})
         self.assertEqual(bt._retired_slots, [first])

@@ -4,6 +4,13 @@
     bt.init()
     bt.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = bt.ScheduledOptimizer(model, torch.optim.SGD(...), num_steps)
+    mean = bt.push_pull(metric, name="metric")  # a new tensor; metric unchanged
+    bt.push_pull_inplace(metric, name="metric")  # metric becomes the mean
+
+As in BytePS, push_pull and push_pull_async return a new tensor and leave
+their input alone (Horovod's allreduce); push_pull_inplace and
+push_pull_async_inplace write the result into it (Horovod's allreduce_).
+broadcast and broadcast_async work in place.
 
 CPU tensors travel through shared memory to this node's baton-agent. A CUDA
 tensor goes through a staging tensor that baton keeps on its device (one per
@@ -35,6 +42,8 @@ __all__ = [
     "local_size",
     "push_pull",
     "push_pull_async",
+    "push_pull_inplace",
+    "push_pull_async_inplace",
     "poll",
     "synchronize",
     "broadcast",
@@ -268,49 +277,62 @@ def _release_unnamed(unnamed_key):
 
 
 def push_pull_async(tensor, average=True, name=None):
-    """Starts an in-place sum (average=False) or mean of `tensor` over all
-    ranks and returns a handle for poll() and synchronize().
+    """Starts the sum (average=False) or mean of `tensor` over all ranks
+    into a new tensor and returns a handle for poll() and synchronize(),
+    which returns that new tensor. `tensor` is left as it is (BytePS's
+    push_pull_async; Horovod's allreduce_async).
 
     `name` identifies the tensor across ranks; every rank must start the
     same names in the same order. A name may change its dtype, shape or
     device between operations (it is then declared anew on every rank), not
     while one of its operations is in flight. Without a name, calls in
-    flight together are matched by order. The input is copied before this returns (a CUDA tensor's on the
-    current stream); `tensor` receives the result when the handle is
-    synchronized.
+    flight together are matched by order. The input is copied before this
+    returns (a CUDA tensor's on the current stream), so `tensor` may be
+    changed at once.
     """
+    return _start_push_pull(tensor, average, name, None)
+
+
+def push_pull_async_inplace(tensor, average=True, name=None):
+    """push_pull_async whose result goes into `tensor` itself when the
+    handle is synchronized (BytePS's push_pull_async_inplace; Horovod's
+    allreduce_async_); synchronize() returns `tensor`."""
+    return _start_push_pull(tensor, average, name, tensor)
+
+
+def _start_push_pull(tensor, average, name, output):
+    """Starts the push-pull of `tensor` into `output`: `tensor` itself, a
+    dense tensor shaped and typed like it, or None for a new one. A host
+    result is written straight into a dense output (a non-contiguous
+    `tensor` is copied back into at synchronize)."""
     session = _require()
-    dtype = _dtype_of(tensor, "push_pull tensor %r" % (name,) if name else "push_pull tensor")
+    what = "push_pull tensor %r" % (name,) if name else "push_pull tensor"
+    dtype = _dtype_of(tensor, what)
     unnamed_key = None
     if name is None:
         name, unnamed_key = _unnamed_name(tensor)
     try:
+        if output is None:
+            output = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
         if _cuda.is_cuda(tensor):
             return _start_on_device(
-                session, name, tensor, dtype, _baton.PUSH_PULL, tensor, unnamed_key, average=bool(average)
+                session, name, tensor, dtype, _baton.PUSH_PULL, output, unnamed_key, average=bool(average)
             )
         dense = _contiguous(tensor)
+        result = dense if output is tensor else output
         operation = session.push_pull_async(
-            name, dense.data_ptr(), dtype, list(dense.shape), bool(average), dense.data_ptr()
+            name, dense.data_ptr(), dtype, list(dense.shape), bool(average), result.data_ptr()
         )
     except BaseException:
         _release_unnamed(unnamed_key)
         raise
-    return _register(operation, dense, tensor if dense is not tensor else None, unnamed_key)
+    return _register(operation, result, output if result is not output else None, unnamed_key)
 
 
 def _push_pull_async_to(tensor, output, name):
     """Averages `tensor` into `output` (dense, same shape and dtype), leaving
     `tensor` alone; for optimizers whose gradients stay the user's."""
-    session = _require()
-    dtype = _dtype_of(tensor, name)
-    if _cuda.is_cuda(tensor):
-        return _start_on_device(session, name, tensor, dtype, _baton.PUSH_PULL, output, None, average=True)
-    dense = _contiguous(tensor)
-    operation = session.push_pull_async(
-        name, dense.data_ptr(), dtype, list(dense.shape), True, output.data_ptr()
-    )
-    return _register(operation, output, None, None)
+    return _start_push_pull(tensor, True, name, output)
 
 
 def broadcast_async(tensor, root_rank, name):
@@ -474,7 +496,9 @@ def poll(handle):
 
 
 def synchronize(handle, timeout=None):
-    """Waits for the operation and returns its tensor holding the result.
+    """Waits for the operation and returns the tensor holding its result:
+    the new tensor of push_pull_async, the tensor given to
+    push_pull_async_inplace or broadcast_async.
 
     Raises TimeoutError after `timeout` seconds (the operation stays in
     flight), and BatonError naming the cause when the operation failed (a
@@ -510,8 +534,15 @@ def _forget(handle, pending):
 
 
 def push_pull(tensor, average=True, name=None):
-    """push_pull_async + synchronize: `tensor` holds the sum or mean."""
+    """push_pull_async + synchronize: returns a new tensor holding the sum
+    or mean; `tensor` is left as it is."""
     return synchronize(push_pull_async(tensor, average, name))
+
+
+def push_pull_inplace(tensor, average=True, name=None):
+    """push_pull_async_inplace + synchronize: `tensor` holds the sum or
+    mean, and is returned."""
+    return synchronize(push_pull_async_inplace(tensor, average, name))
 
 
 def broadcast(tensor, root_rank, name):

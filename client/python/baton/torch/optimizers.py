@@ -100,7 +100,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 )
             self._delay[p] -= 1
             if self._delay[p] == 0:
-                self._handles[p] = _bt.push_pull_async(p.grad, average=True, name=self._names[p])
+                self._handles[p] = _bt.push_pull_async_inplace(p.grad, average=True, name=self._names[p])
 
         return hook
 
@@ -113,7 +113,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if p.requires_grad and p not in self._handles:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
-                    self._handles[p] = _bt.push_pull_async(p.grad, average=True, name=self._names[p])
+                    self._handles[p] = _bt.push_pull_async_inplace(p.grad, average=True, name=self._names[p])
         handles, self._handles = self._handles, {}
         try:
             for handle in handles.values():
