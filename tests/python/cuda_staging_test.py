@@ -540,6 +540,28 @@ class OptimizerTest(CudaTestCase):
             self.assertTrue(torch.equal(p.grad, g))
         optimizer.close()
 
+    def test_parameters_without_gradients_are_averaged_with_zeros(self):
+        """The second layer is unused on this rank; the fake's other rank
+        sends 10s for it, so every rank must apply (0 + 10) / 2."""
+        for wrap in ("distributed", "scheduled"):
+            model, x = self.make()
+            reference = [p.detach().clone() for p in model.parameters()]
+            sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+            if wrap == "distributed":
+                optimizer = bt.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+            else:
+                optimizer = bt.ScheduledOptimizer(model, sgd, num_steps=1)
+            optimizer.zero_grad(set_to_none=True)
+            model[0](x).sum().backward()
+            gradients = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
+            self.assertTrue(all(p.grad is None for p in model[1].parameters()))
+            optimizer.step()
+            want = [r - 0.1 * (g + 10) / 2 for r, g in zip(reference, gradients)]
+            for p, w in zip(model.parameters(), want):
+                self.assertTrue(torch.allclose(p, w), (wrap, p, w))
+            if wrap == "scheduled":
+                optimizer.close()
+
 
 class RealCudaHelpersTest(unittest.TestCase):
     """_cuda's own logic where it needs no device."""

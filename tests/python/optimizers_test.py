@@ -276,5 +276,155 @@ def test_distributed_optimizer_refuses_bad_names():
             raise AssertionError("DistributedOptimizer accepted %s" % text)
 
 
+class Branchy(torch.nn.Module):
+    """Parameters that get gradients on some steps only: `extra` is used by
+    some ranks on each step (at least one), `unused` by none, `late` is
+    created with requires_grad=False and switched on at step LATE, and
+    `body` is frozen on steps FROZEN."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(8, 16)
+        self.head = torch.nn.Linear(16, 4)
+        self.extra = torch.nn.Linear(8, 4)
+        self.unused = torch.nn.Linear(8, 4)
+        self.late = torch.nn.Parameter(torch.linspace(0.5, 1.5, 4), requires_grad=False)
+
+    def forward(self, x, use_extra):
+        out = self.head(torch.tanh(self.body(x))) * self.late
+        if use_extra:
+            out = out + self.extra(x)
+        return out
+
+
+LATE = 3
+FROZEN = (1, 2)
+
+
+def make_branchy():
+    torch.manual_seed(11)
+    return Branchy()
+
+
+def uses_extra(step, rank):
+    return (step + rank) % 3 == 0
+
+
+def set_requires_grad(model, step):
+    """Between steps, the same on every rank."""
+    model.late.requires_grad_(step >= LATE)
+    for p in model.body.parameters():
+        p.requires_grad_(step not in FROZEN)
+
+
+def branchy_sgd(model):
+    # No weight decay: a step with a zero gradient and no momentum yet
+    # leaves a parameter as it was, as skipping it would.
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def branchy_reference(set_to_none):
+    """One process, every rank's batch each step, each through its rank's
+    branches."""
+    model = make_branchy()
+    optimizer = branchy_sgd(model)
+    for step in range(STEPS):
+        set_requires_grad(model, step)
+        optimizer.zero_grad(set_to_none=set_to_none)
+        loss = 0
+        for r in range(bt.size()):
+            x, y = batch(step, r)
+            loss = loss + torch.nn.functional.mse_loss(model(x, uses_extra(step, r)), y)
+        (loss / bt.size()).backward()
+        optimizer.step()
+    return model
+
+
+def train_branchy(optimizer_of, set_to_none):
+    model = make_branchy()
+    optimizer = optimizer_of(model)
+    for step in range(STEPS):
+        set_requires_grad(model, step)
+        optimizer.zero_grad(set_to_none=set_to_none)
+        x, y = batch(step, bt.rank())
+        torch.nn.functional.mse_loss(model(x, uses_extra(step, bt.rank())), y).backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def test_distributed_optimizer_parameters_without_gradients():
+    """Unused on some ranks or all, frozen and unfrozen, created frozen:
+    every rank starts the same push-pulls (no hang), and ends with the
+    parameters of one process training on the union of the batches."""
+    for set_to_none in (False, True):
+
+        def optimizer_of(model):
+            return bt.DistributedOptimizer(branchy_sgd(model), named_parameters=model.named_parameters())
+
+        model, optimizer = train_branchy(optimizer_of, set_to_none)
+        what = "DistributedOptimizer, zero_grad(set_to_none=%s)" % set_to_none
+        assert_same(model, branchy_reference(set_to_none), what)
+        assert not torch.equal(model.late.detach(), make_branchy().late), what
+        # The parameter switched on after the optimizer was made got its
+        # gradient hook: its push-pull starts during backward, overlapping
+        # the rest of it, like the others'.
+        optimizer.zero_grad()
+        x, y = batch(STEPS, bt.rank())
+        torch.nn.functional.mse_loss(model(x, False), y).backward()
+        assert model.late in optimizer._handles, what
+        optimizer.step()
+
+
+def test_scheduled_optimizer_parameters_without_gradients():
+    def optimizer_of(model):
+        return bt.ScheduledOptimizer(model, branchy_sgd(model), num_steps=STEPS)
+
+    # A frozen parameter is not updated, as a None gradient is skipped.
+    model, optimizer = train_branchy(optimizer_of, True)
+    optimizer.close()
+    assert_same(model, branchy_reference(True), "ScheduledOptimizer")
+    assert not torch.equal(model.late.detach(), make_branchy().late)
+    assert torch.equal(model.unused.weight.detach(), make_branchy().unused.weight)
+
+
+def test_broadcast_optimizer_state_with_parameters_without_gradients_or_state():
+    """Each rank's Adam has state for a different set of parameters (extra
+    only where it was used; unused and late nowhere); afterwards every rank
+    holds the root's, and training on from there agrees."""
+    wrappers = {
+        0: lambda model, inner: inner,
+        1: lambda model, inner: bt.ScheduledOptimizer(model, inner, num_steps=2),
+        2: lambda model, inner: bt.DistributedOptimizer(inner, named_parameters=model.named_parameters()),
+    }
+    for root, wrap in wrappers.items():
+        model = make_branchy()
+        inner = torch.optim.Adam(model.parameters(), lr=0.01 * (bt.rank() + 1))
+        for step in range(bt.rank() + 1):
+            x, y = batch(step, bt.rank())
+            inner.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x, bt.rank() % 2 == 1), y).backward()
+            inner.step()
+        bt.broadcast_parameters(model.state_dict(), root_rank=root)
+        optimizer = wrap(model, inner)
+        bt.broadcast_optimizer_state(optimizer, root_rank=root)
+        state = optimizer.state_dict()
+        assert state["param_groups"][0]["lr"] == 0.01 * (root + 1), state["param_groups"]
+        with_state = sorted(state["state"])
+        extra = {id(p) for p in model.extra.parameters()}
+        index = {id(p): i for i, p in enumerate(model.parameters())}
+        want = sorted(i for p, i in index.items() if p not in extra or root % 2 == 1)
+        want = [i for i in want if i not in (index[id(model.late)],)]
+        want = [i for i in want if i not in [index[id(p)] for p in model.unused.parameters()]]
+        assert with_state == want, (root, with_state, want)
+        for i, s in state["state"].items():
+            assert int(s["step"]) == root + 1, (root, i, s["step"])
+            mine = s["exp_avg"].clone()
+            theirs = s["exp_avg"].clone()
+            bt.broadcast(theirs, root, "Check.exp_avg.%d" % i)
+            assert torch.equal(mine, theirs), (root, i)
+        if root == 1:
+            optimizer.close()
+
+
 if __name__ == "__main__":
     sys.exit(run_tests(globals()))

@@ -1,5 +1,20 @@
 """DistributedOptimizer (Horovod style) and ScheduledOptimizer (ByteScheduler
-style: per-parameter updates overlapping the next forward pass)."""
+style: per-parameter updates overlapping the next forward pass).
+
+Parameters without a gradient. At every step both average the gradient of
+every parameter of the optimizer that has requires_grad=True at that step,
+on every rank: one whose gradient backward did not produce on this rank (an
+unused branch, a parameter switched on since the last step) goes with its
+.grad as it is, or zeros where it has none, as in Horovod. So every rank
+starts the same push-pulls whichever parameters got gradients, and applies
+the same average (a parameter no rank computed a gradient for is averaged
+to zeros and stepped with them). A parameter with requires_grad=False is
+not communicated: DistributedOptimizer leaves its .grad to the wrapped
+optimizer as plain PyTorch does (None: skipped); ScheduledOptimizer does
+not update it. requires_grad must be the same on every rank, and change
+only between step() and the next forward pass; a parameter created with
+requires_grad=False joins at the first step() where it has it.
+"""
 
 import queue
 import threading
@@ -79,16 +94,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles = {}
         self._synchronized = False
         self._delay = {p: backward_passes_per_step for _, p in named}
-        self._grad_accs = []
+        # Parameter -> its AccumulateGrad node, which holds the hook; kept so
+        # the node (and the hook) outlives requires_grad switched off and on.
+        self._grad_accs = {}
         trained = [(self._names[p], p) for _, p in named if p.requires_grad]
         # First declared = most urgent: the parameters' order is the forward
         # pass's order for models built the usual way.
         _bt.declare_many(trained)
         _accumulate_in_shared_memory(trained)
         for _, p in trained:
-            node = _gradient_hook_node(p)
-            node.register_hook(self._make_hook(p))
-            self._grad_accs.append(node)
+            self._hook(p)
+
+    def _hook(self, p):
+        node = _gradient_hook_node(p)
+        node.register_hook(self._make_hook(p))
+        self._grad_accs[p] = node
 
     def _make_hook(self, p):
         def hook(*_):
@@ -105,12 +125,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return hook
 
     def synchronize(self):
-        """Waits until every gradient is averaged across ranks (push-pulls
-        those whose hooks did not fire: unused parameters get zeros, so every
-        rank starts the same operations)."""
+        """Waits until the gradient of every parameter that requires grad is
+        averaged across ranks, in place in p.grad. Those whose hooks did not
+        fire are push-pulled here: with zeros where this rank has no .grad
+        (an unused branch), so every rank starts the same operations and
+        ends with the same p.grad. A parameter switched on since it was
+        created gets its hook here, from the next step on."""
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad and p not in self._handles:
+                    if p not in self._grad_accs:
+                        name = self._names[p]
+                        _bt.declare(name, p)
+                        _accumulate_in_shared_memory([(name, p)])
+                        self._hook(p)
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                     self._handles[p] = _bt.push_pull_async_inplace(p.grad, average=True, name=self._names[p])
@@ -188,18 +216,21 @@ class _ParamStateView:
 class _Slot:
     """One parameter under a ScheduledOptimizer."""
 
-    __slots__ = ("name", "param", "index", "group", "gate", "output", "handle", "iteration")
+    __slots__ = ("name", "param", "index", "group", "gate", "output", "node", "handle", "iteration")
 
     def __init__(self, name, param, index, group):
         self.name = name
         self.param = param
-        self.index = index  # declaration order = priority
+        self.index = index  # the model's parameter order = priority
         self.group = group  # index into the optimizer's param_groups
         self.gate = threading.Event()
         self.gate.set()
-        # Where the averaged gradient lands: the push-pull's shared result
-        # region for host parameters (ScheduledOptimizer.__init__).
-        self.output = torch.empty_like(param, memory_format=torch.contiguous_format)
+        # Set once the parameter first requires grad (ScheduledOptimizer.
+        # _activate): where the averaged gradient lands (the push-pull's
+        # shared result region for host parameters), and the AccumulateGrad
+        # node holding the gradient hook.
+        self.output = None
+        self.node = None
         self.handle = None  # the push-pull in flight, until applied
         self.iteration = None  # the step() it belongs to
 
@@ -225,6 +256,10 @@ class ScheduledOptimizer:
 
     p.grad keeps this rank's local gradient; the averaged gradient goes
     straight into the update. Create LR schedulers on `optimizer`.
+
+    A parameter that requires grad but got no gradient from backward (an
+    unused branch) is push-pulled at step(), with zeros where it has no
+    .grad, so every rank applies the same update (see the module's doc).
     """
 
     def __init__(self, model, optimizer, num_steps=10**6):
@@ -254,21 +289,14 @@ class ScheduledOptimizer:
                 "(positions %s in its param groups): ScheduledOptimizer updates "
                 "a parameter before the forward pass of the module that owns it" % stray
             )
+        # Every parameter of the optimizer, frozen ones too: one may be
+        # switched on later.
         self._slots = {}
         for name, p in model.named_parameters():
-            if p.requires_grad and p in group_of:
+            if p in group_of:
                 self._slots[p] = _Slot("Gradient." + name, p, len(self._slots), group_of[p])
-        _bt.declare_many([(s.name, s.param) for s in self._slots.values()])
-        # The results land in the push-pulls' shared result regions, where
-        # the update reads them: nothing is copied out. p.grad stays the
-        # user's (copied in when its push-pull starts), because the next
-        # iteration's zero_grad() -- the model's too -- runs while the
-        # push-pulls are still in flight.
-        for slot in self._slots.values():
-            views = _bt._shared_views(slot.name, slot.param)
-            if views is not None:
-                slot.output = views[1]
-
+        trained = [s for s in self._slots.values() if s.param.requires_grad]
+        _bt.declare_many([(s.name, s.param) for s in trained])
         self._cv = threading.Condition()
         self._iteration = 0  # step() calls so far
         self._unreleased = []  # slots pushed in the current iteration
@@ -278,20 +306,32 @@ class ScheduledOptimizer:
         self._error_delivered = False  # raised to the caller once already
         self._queue = queue.Queue()
         self._hooks = []
-        self._grad_accs = []
         for module in model.modules():
             own = [self._slots[p] for p in module._parameters.values() if p in self._slots]
             if own:
                 self._hooks.append(module.register_forward_pre_hook(self._make_gate_hook(own)))
-        for slot in self._slots.values():
-            node = _gradient_hook_node(slot.param)
-            node.register_hook(self._make_gradient_hook(slot))
-            self._grad_accs.append(node)
+        for slot in trained:
+            self._activate(slot)
         self._thread = threading.Thread(
             target=self._apply_loop, name="baton-scheduled-optimizer", daemon=True
         )
         self._thread.start()
         _bt._drainers.add(self)
+
+    def _activate(self, slot):
+        """Readies a parameter that requires grad (declared already): its
+        output and its gradient hook. The results land in the push-pulls'
+        shared result regions, where the update reads them: nothing is
+        copied out. p.grad stays the user's (copied in when its push-pull
+        starts), because the next iteration's zero_grad() -- the model's
+        too -- runs while the push-pulls are still in flight."""
+        views = _bt._shared_views(slot.name, slot.param)
+        if views is not None:
+            slot.output = views[1]
+        else:
+            slot.output = torch.empty_like(slot.param, memory_format=torch.contiguous_format)
+        slot.node = _gradient_hook_node(slot.param)
+        slot.node.register_hook(self._make_gradient_hook(slot))
 
     # --- hooks (training thread) ---
 
@@ -306,23 +346,43 @@ class ScheduledOptimizer:
     def _make_gradient_hook(self, slot):
         def gradient_hook(*_):
             self._raise_if_failed()
-            if slot.handle is not None:
-                if slot.iteration == self._iteration:
-                    raise RuntimeError(
-                        "ScheduledOptimizer: parameter %s got a second gradient "
-                        "before step(); call step() after every backward pass "
-                        "(to accumulate gradients over several passes use "
-                        "DistributedOptimizer(backward_passes_per_step=N))" % slot.name[len("Gradient."):]
-                    )
-                self._wait_applied(slot)
-            handle = _bt._push_pull_async_to(slot.param.grad, slot.output, slot.name)
-            slot.gate.clear()
-            slot.iteration = self._iteration
-            slot.handle = handle
-            with self._cv:
-                self._unreleased.append(slot)
+            if slot.handle is not None and slot.iteration == self._iteration:
+                raise RuntimeError(
+                    "ScheduledOptimizer: parameter %s got a second gradient "
+                    "before step(); call step() after every backward pass "
+                    "(to accumulate gradients over several passes use "
+                    "DistributedOptimizer(backward_passes_per_step=N))" % slot.name[len("Gradient."):]
+                )
+            self._start(slot, slot.param.grad)
 
         return gradient_hook
+
+    def _start(self, slot, gradient):
+        """Starts `slot`'s push-pull of `gradient` for the current iteration,
+        once its previous update is applied."""
+        if slot.handle is not None:
+            self._wait_applied(slot)
+        handle = _bt._push_pull_async_to(gradient, slot.output, slot.name)
+        slot.gate.clear()
+        slot.iteration = self._iteration
+        slot.handle = handle
+        with self._cv:
+            self._unreleased.append(slot)
+
+    def _start_missing(self):
+        """Push-pulls, in priority order, every parameter that requires grad
+        but whose hook did not fire this iteration (an unused branch, or
+        requires_grad switched on since the last step): its .grad, or zeros
+        where it has none. Every rank then starts the same push-pulls and
+        applies the same averages."""
+        for slot in self._slots.values():
+            if not slot.param.requires_grad or slot.iteration == self._iteration:
+                continue
+            if slot.node is None:
+                _bt.declare(slot.name, slot.param)
+                self._activate(slot)
+            grad = slot.param.grad
+            self._start(slot, grad if grad is not None else torch.zeros_like(slot.param))
 
     def _wait_applied(self, slot):
         """Waits for `slot`'s update when its step() was called already; an
@@ -351,6 +411,7 @@ class ScheduledOptimizer:
         if closure is not None:
             raise ValueError("ScheduledOptimizer.step() takes no closure")
         self._raise_if_failed()
+        self._start_missing()
         # The hyperparameters of this iteration, before an LR scheduler
         # changes them for the next one.
         snapshot = [
@@ -407,7 +468,7 @@ class ScheduledOptimizer:
             self._hooks = []
             for slot in self._slots.values():
                 _bt._release_shared(slot.name, slot.param)
-            self._grad_accs = []
+                slot.node = None
             _bt._drainers.discard(self)
 
     def __enter__(self):
