@@ -74,6 +74,13 @@ bool AwaitUntil(absl::Mutex& mu, const absl::Condition& cond,
   return true;
 }
 
+// How long a request to the agent waits for its answer (the agent answers
+// on its job thread at once; only a stuck agent takes this long).
+constexpr std::chrono::milliseconds kReplyTimeout{60000};
+
+// How often a wait that the caller can interrupt asks whether it was.
+constexpr std::chrono::milliseconds kInterruptSlice{100};
+
 // AwaitUntil `timeout` from now.
 bool AwaitFor(absl::Mutex& mu, const absl::Condition& cond,
               std::chrono::milliseconds timeout)
@@ -211,6 +218,8 @@ using client::AwaitUntil;
 using client::CheckDeclaration;
 using client::CompletionRing;
 using client::IntFromEnv;
+using client::kInterruptSlice;
+using client::kReplyTimeout;
 using client::SessionClosed;
 using client::StringFromEnv;
 
@@ -313,18 +322,32 @@ class Client::Impl {
       SetThreadName("baton-reader");
       ReadLoop();
     });
-    absl::MutexLock lock(&mu_);
+    const auto deadline =
+        std::chrono::steady_clock::now() + options.attach_timeout;
     const auto formed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return attached_ || !stream_status_.ok();
     };
-    if (!AwaitFor(mu_, absl::Condition(&formed), options.attach_timeout)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("job \"", options.job, "\" was not formed within ",
-                       options.attach_timeout.count(),
-                       " ms: are all its nodes' trainers started?"));
+    // In slices, so that `interrupted` is asked while the job forms.
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (AwaitUntil(mu_, absl::Condition(&formed),
+                       std::min(deadline, std::chrono::steady_clock::now() +
+                                              kInterruptSlice))) {
+          if (!attached_) return stream_status_;
+          return absl::OkStatus();
+        }
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("job \"", options.job, "\" was not formed within ",
+                         options.attach_timeout.count(),
+                         " ms: are all its nodes' trainers started?"));
+      }
+      if (options.interrupted) {
+        if (absl::Status s = options.interrupted(); !s.ok()) return s;
+      }
     }
-    if (!attached_) return stream_status_;
-    return absl::OkStatus();
   }
 
   ~Impl() {
@@ -395,6 +418,7 @@ class Client::Impl {
       absl::MutexLock lock(&mu_);
       lost = SessionEnded(status);
       stream_status_ = lost;
+      stream_ended_.store(true, std::memory_order_release);
       handles.swap(handles_);
     }
     for (auto& [key, handle] : handles) handle->Finish(lost, 0);
@@ -467,7 +491,13 @@ class Client::Impl {
     const auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return replies_.count(seq) > 0 || !stream_status_.ok();
     };
-    mu_.Await(absl::Condition(&answered));
+    if (!AwaitFor(mu_, absl::Condition(&answered), kReplyTimeout)) {
+      return absl::UnavailableError(absl::StrCat(
+          "the baton agent on ", socket_, " did not answer request ", seq,
+          " within ", kReplyTimeout.count(),
+          " ms: it is stuck or overloaded (its log says); restart the "
+          "trainer"));
+    }
     auto it = replies_.find(seq);
     if (it == replies_.end()) return stream_status_;
     v1::TrainerEvent reply = std::move(it->second);
@@ -498,6 +528,12 @@ class Client::Impl {
         // drains as the agent catches up.
         absl::MutexLock lock(&write_mu_);
         while (!trainer_channel_->requests.Push(entry)) {
+          // An agent that is gone never drains it: its stream has ended.
+          if (stream_ended_.load(std::memory_order_acquire)) {
+            absl::MutexLock handles_lock(&mu_);
+            handles_.erase({tensor.index(), step});
+            return stream_status_;
+          }
           doorbell_->Ring();
           std::this_thread::yield();
         }
@@ -536,6 +572,8 @@ class Client::Impl {
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
   v1::Attached info_ ABSL_GUARDED_BY(mu_);
   absl::Status stream_status_ ABSL_GUARDED_BY(mu_);
+  // stream_status_ is set: for a thread that must not wait for mu_.
+  std::atomic<bool> stream_ended_{false};
   std::map<uint64_t, v1::TrainerEvent> replies_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<int32_t, int64_t>, std::shared_ptr<Handle>> handles_
       ABSL_GUARDED_BY(mu_);

@@ -352,11 +352,16 @@ class Session::Impl {
       return absl::InvalidArgumentError("Synchronize: the handle is null");
     }
     absl::Status status = operation->handle->Wait(timeout);
-    if (absl::IsDeadlineExceeded(status) && !operation->handle->Poll()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("tensor \"", operation->name, "\" step ",
-                       operation->handle->step(), " did not complete within ",
-                       timeout.count(), " ms; it is still in flight"));
+    if (absl::IsDeadlineExceeded(status)) {
+      if (!operation->handle->Poll()) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("tensor \"", operation->name, "\" step ",
+                         operation->handle->step(), " did not complete within ",
+                         timeout.count(), " ms; it is still in flight"));
+      }
+      // It finished just after the wait gave up: its own outcome, not the
+      // wait's (Python waits in 100 ms slices, so this is not rare).
+      status = operation->handle->Wait(std::chrono::milliseconds(0));
     }
     absl::MutexLock op_lock(&operation->mu);
     if (operation->delivered) return operation->outcome;

@@ -8,14 +8,17 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "baton/job_status.h"
 #include "baton/session.h"
@@ -29,6 +32,7 @@ namespace {
 // What Python holds for a started operation (Operation itself is opaque).
 struct PyOperation {
   OperationHandle handle;
+  std::string name;
 };
 
 // One of a host tensor's shared-memory regions as a Python buffer (bytes,
@@ -41,9 +45,12 @@ struct SharedRegion {
   py::object session;
 };
 
-// Carries an absl::Status to the exception translator.
+// Carries an absl::Status to the exception translator. `job_failure`: the
+// status is how an operation ended (the job failed it), not a refusal of
+// the call, whatever its code.
 struct StatusError {
   absl::Status status;
+  bool job_failure = false;
 };
 
 void Check(const absl::Status& status) {
@@ -54,6 +61,69 @@ template <typename T>
 T Check(absl::StatusOr<T> value) {
   if (!value.ok()) throw StatusError{value.status()};
   return std::move(*value);
+}
+
+// The one place that decides which Python exception a failure raises
+// (docs/api.md, Errors). A call refused for how it was made (its
+// arguments, the session's state, a name in flight) raises ValueError, as
+// Horovod does: nothing was started, no other rank waits on it, fix the
+// call. A wait that ran out of the caller's own timeout raises
+// TimeoutError. Everything the job did (an operation that failed, the
+// agent gone, a node lost, a timeout inside the job) raises BatonError.
+PyObject* ExceptionType(const StatusError& e, PyObject* baton_error) {
+  if (e.job_failure) return baton_error;
+  switch (e.status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kOutOfRange:
+      return PyExc_ValueError;
+    case absl::StatusCode::kDeadlineExceeded:
+      return PyExc_TimeoutError;
+    default:
+      return baton_error;
+  }
+}
+
+// How often a blocking call looks for a signal (Ctrl-C): Python runs its
+// handlers only between bytecodes, so a call that waits in C++ for longer
+// would hold KeyboardInterrupt back until it returns.
+constexpr std::chrono::milliseconds kSignalSlice{100};
+
+// Runs the pending signal handlers with the GIL held; a handler that
+// raised (KeyboardInterrupt) propagates from here.
+void CheckSignals() {
+  py::gil_scoped_acquire acquire;
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
+// Waits for `operation` up to `timeout`, without the GIL, in slices between
+// which signal handlers run. An interrupted wait leaves the operation in
+// flight: synchronize it again, or shutdown abandons it.
+absl::Status SynchronizeInterruptibly(Session& session,
+                                      const PyOperation& operation,
+                                      std::chrono::milliseconds timeout) {
+  py::gil_scoped_release release;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const absl::Status status = session.Synchronize(
+        operation.handle,
+        std::clamp(left, std::chrono::milliseconds(0), kSignalSlice));
+    if (!absl::IsDeadlineExceeded(status) || session.Poll(operation.handle)) {
+      // A failure now is how the job ended the operation.
+      if (!status.ok()) throw StatusError{status, /*job_failure=*/true};
+      return status;
+    }
+    if (left <= kSignalSlice) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "tensor \"", operation.name, "\" did not complete within ",
+          timeout.count(), " ms; it is still in flight"));
+    }
+    CheckSignals();
+  }
 }
 
 Buffer MakeBuffer(uintptr_t data, int dtype, std::vector<int64_t> shape) {
@@ -110,9 +180,22 @@ std::unique_ptr<Session> InitSession(py::object attach_timeout) {
   if (!attach_timeout.is_none()) {
     options->attach_timeout = Millis(attach_timeout.cast<double>());
   }
-  py::gil_scoped_release release;
-  std::unique_ptr<Session> session = Check(Session::Init(*options));
-  return session;
+  // What a signal handler raised while the attach waited: the attach ends
+  // (the agent sees this trainer leave) and it is raised here.
+  auto interrupted = std::make_shared<std::optional<py::error_already_set>>();
+  options->interrupted = [interrupted]() {
+    py::gil_scoped_acquire acquire;
+    if (PyErr_CheckSignals() == 0) return absl::OkStatus();
+    interrupted->emplace();
+    return absl::CancelledError("interrupted while attaching");
+  };
+  absl::StatusOr<std::unique_ptr<Session>> session;
+  {
+    py::gil_scoped_release release;
+    session = Session::Init(*options);
+  }
+  if (interrupted->has_value()) throw std::move(**interrupted);
+  return Check(std::move(session));
 }
 
 }  // namespace
@@ -129,6 +212,7 @@ PYBIND11_MODULE(_baton, m) {
   using baton::client::SharedRegion;
   using baton::client::SpecFromTuple;
   using baton::client::StatusError;
+  using baton::client::SynchronizeInterruptibly;
   namespace v1 = baton::v1;
 
   m.doc() = "baton's trainer client (use baton.torch for PyTorch)";
@@ -138,21 +222,11 @@ PYBIND11_MODULE(_baton, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
-      const std::string text = std::string(e.status.message());
-      switch (e.status.code()) {
-        case absl::StatusCode::kInvalidArgument:
-          PyErr_SetString(PyExc_ValueError, text.c_str());
-          break;
-        case absl::StatusCode::kDeadlineExceeded:
-          PyErr_SetString(PyExc_TimeoutError, text.c_str());
-          break;
-        default: {
-          py::object exc = py::handle(error.ptr())(py::str(text));
-          exc.attr("code") = py::str(absl::StatusCodeToString(e.status.code()));
-          PyErr_SetObject(error.ptr(), exc.ptr());
-          break;
-        }
-      }
+      PyObject* type = baton::client::ExceptionType(e, error.ptr());
+      py::object exc =
+          py::handle(type)(py::str(std::string(e.status.message())));
+      exc.attr("code") = py::str(absl::StatusCodeToString(e.status.code()));
+      PyErr_SetObject(type, exc.ptr());
     }
   });
 
@@ -228,8 +302,10 @@ PYBIND11_MODULE(_baton, m) {
              std::vector<int64_t> shape, bool average, uintptr_t output) {
             baton::Buffer buffer = MakeBuffer(data, dtype, std::move(shape));
             py::gil_scoped_release release;
-            return PyOperation{Check(s.PushPullAsync(
-                name, buffer, reinterpret_cast<void*>(output), average))};
+            return PyOperation{
+                Check(s.PushPullAsync(
+                    name, buffer, reinterpret_cast<void*>(output), average)),
+                name};
           },
           py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
           py::arg("average"), py::arg("output"),
@@ -257,8 +333,8 @@ PYBIND11_MODULE(_baton, m) {
              std::vector<int64_t> shape, int32_t root_rank) {
             baton::Buffer buffer = MakeBuffer(data, dtype, std::move(shape));
             py::gil_scoped_release release;
-            return PyOperation{
-                Check(s.BroadcastAsync(name, buffer, root_rank))};
+            return PyOperation{Check(s.BroadcastAsync(name, buffer, root_rank)),
+                               name};
           },
           py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
           py::arg("root_rank"))
@@ -272,7 +348,8 @@ PYBIND11_MODULE(_baton, m) {
                 MakeDeviceBuffer(dtype, std::move(shape), memory_handle, offset,
                                  event_handle, std::move(pci_bus_id));
             py::gil_scoped_release release;
-            return PyOperation{Check(s.PushPullAsync(name, buffer, average))};
+            return PyOperation{Check(s.PushPullAsync(name, buffer, average)),
+                               name};
           },
           py::arg("name"), py::arg("dtype"), py::arg("shape"),
           py::arg("average"), py::arg("memory_handle"), py::arg("offset"),
@@ -290,8 +367,8 @@ PYBIND11_MODULE(_baton, m) {
                 MakeDeviceBuffer(dtype, std::move(shape), memory_handle, offset,
                                  event_handle, std::move(pci_bus_id));
             py::gil_scoped_release release;
-            return PyOperation{
-                Check(s.BroadcastAsync(name, buffer, root_rank))};
+            return PyOperation{Check(s.BroadcastAsync(name, buffer, root_rank)),
+                               name};
           },
           py::arg("name"), py::arg("dtype"), py::arg("shape"),
           py::arg("root_rank"), py::arg("memory_handle"), py::arg("offset"),
@@ -306,18 +383,22 @@ PYBIND11_MODULE(_baton, m) {
       .def(
           "synchronize",
           [](Session& s, const PyOperation& op, double timeout) {
-            py::gil_scoped_release release;
-            Check(s.Synchronize(op.handle, Millis(timeout)));
+            Check(SynchronizeInterruptibly(s, op, Millis(timeout)));
           },
           py::arg("operation"), py::arg("timeout") = 86400.0,
-          "Waits (timeout in seconds) and writes the result into the output.")
+          "Waits (timeout in seconds) and writes the result into the output. "
+          "A signal handler that raises (Ctrl-C: KeyboardInterrupt) ends the "
+          "wait within 0.1 s and leaves the operation in flight.")
       .def(
           "shutdown",
           [](Session& s, double drain_timeout) {
             py::gil_scoped_release release;
             Check(s.Shutdown(Millis(drain_timeout)));
           },
-          py::arg("drain_timeout") = 60.0);
+          py::arg("drain_timeout") = 60.0,
+          "Waits up to drain_timeout for what is in flight (not "
+          "interruptible: baton.torch.shutdown drains first, in slices), "
+          "then leaves the job.");
 
   m.def(
       "job_status_text",

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,10 @@ struct ClientOptions {
   bool shm_channel = true;
   // How long Connect waits for the job to be formed (every node joined).
   std::chrono::milliseconds attach_timeout{300000};
+  // Asked at least every 100 ms while Connect waits, on the waiting thread
+  // (unset: never). A status other than OK ends the wait with that status,
+  // and the trainer leaves the job it was joining (Ctrl-C in Python).
+  std::function<absl::Status()> interrupted;
 
   // Reads the variables named above; INVALID_ARGUMENT names a bad one.
   static absl::StatusOr<ClientOptions> FromEnvironment();

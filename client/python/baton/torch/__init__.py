@@ -23,6 +23,7 @@ import atexit
 import io
 import sys
 import threading
+import time
 import weakref
 
 import torch
@@ -161,10 +162,25 @@ def is_initialized():
 def shutdown(drain_timeout=60.0):
     """Drains what is in flight (ScheduledOptimizer updates included, for at
     most `drain_timeout` seconds), then leaves the job. Safe to call twice;
-    also runs at interpreter exit."""
+    also runs at interpreter exit, without the drain when the interpreter
+    exits on an uncaught exception (Ctrl-C included): then the peers hear at
+    once that this rank left instead of waiting for the drain. Ctrl-C during
+    the drain leaves the job at once, abandoning what is in flight."""
     global _session
-    for drainer in list(_drainers):
-        drainer.close()
+    deadline = time.monotonic() + drain_timeout
+    try:
+        for drainer in list(_drainers):
+            drainer.close()
+        _drain(deadline)
+    except KeyboardInterrupt:
+        _close(0.0, quiet=True)
+        raise
+    _close(max(0.0, deadline - time.monotonic()))
+
+
+def _close(drain_timeout, quiet=False):
+    """Leaves the job; `quiet`: raises nothing (another error is on its way)."""
+    global _session
     with _lock:
         session, _session = _session, None
         _pending.clear()
@@ -173,6 +189,9 @@ def shutdown(drain_timeout=60.0):
     try:
         if session is not None:
             session.shutdown(drain_timeout)
+    except Exception:  # noqa: B902
+        if not quiet:
+            raise
     finally:
         # Only now: the agent has closed its handles to the staging tensors.
         with _lock:
@@ -180,11 +199,28 @@ def shutdown(drain_timeout=60.0):
             del _retired_slots[:]
 
 
+def _drain(deadline):
+    """Waits until what is in flight finished or `deadline` passed, in short
+    sleeps so that Ctrl-C interrupts it (session.shutdown's own drain
+    cannot be interrupted)."""
+    session = _session
+    if session is None:
+        return
+    with _lock:
+        operations = [pending.operation for pending in _pending.values()]
+    for operation in operations:
+        while not session.poll(operation) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
 def _shutdown_at_exit():
     # At exit a failure was already reported where it happened (or the
     # script is ending on its own error): say it in one line, no traceback.
+    # An uncaught exception (sys.last_value) means this rank will not do
+    # its part of what is in flight: draining would only keep the peers
+    # waiting for it.
     try:
-        shutdown()
+        shutdown(0.0 if getattr(sys, "last_value", None) is not None else 60.0)
     except Exception as e:  # noqa: B902
         sys.stderr.write("baton: shutdown at exit: %s\n" % e)
 
@@ -195,7 +231,7 @@ atexit.register(_shutdown_at_exit)
 def _require():
     session = _session
     if session is None:
-        raise BatonError("baton is not initialized: call baton.torch.init() first")
+        raise ValueError("baton is not initialized: call baton.torch.init() first")
     return session
 
 
@@ -412,7 +448,7 @@ def _declare(session, named_tensors, code):
 
 
 def _in_flight(name):
-    error = BatonError(
+    error = ValueError(
         'tensor "%s" already has an operation in flight: synchronize it before '
         "starting the next one" % name
     )
@@ -500,9 +536,11 @@ def synchronize(handle, timeout=None):
     the new tensor of push_pull_async, the tensor given to
     push_pull_async_inplace or broadcast_async.
 
-    Raises TimeoutError after `timeout` seconds (the operation stays in
-    flight), and BatonError naming the cause when the operation failed (a
-    lost node: code ABORTED; the agent gone: UNAVAILABLE)."""
+    Raises TimeoutError after `timeout` seconds, and KeyboardInterrupt
+    within 0.1 s of Ctrl-C (either way the operation stays in flight:
+    synchronize it again, or shutdown abandons it), and BatonError naming
+    the cause when the operation failed (a lost node: code ABORTED; the
+    agent gone: UNAVAILABLE)."""
     session = _require()
     pending = _take(handle)
     try:

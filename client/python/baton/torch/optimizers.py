@@ -455,14 +455,21 @@ class ScheduledOptimizer:
         """finalize(), then stop the update thread and remove the hooks. An
         error already raised by step(), a forward pass or finalize() is not
         raised again."""
+        interrupted = False
         try:
             self.finalize()
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         except BaseException:  # noqa: B902 - raised unless delivered before
             if not self._error_delivered or self._error is None:
                 raise
         finally:
             self._queue.put(None)
-            self._thread.join()
+            if not interrupted:
+                # After Ctrl-C it may wait for a push-pull that never ends
+                # (a daemon thread: shutdown abandons the push-pull).
+                self._thread.join()
             for hook in self._hooks:
                 hook.remove()
             self._hooks = []

@@ -1,0 +1,105 @@
+"""Which exception means what (docs/api.md, Errors), on every rank of a job
+started by batonrun (tests/python/CMakeLists.txt): a misuse raises
+ValueError on the rank that made it, at once, and the other ranks go on; a
+failure of the job raises BatonError."""
+
+import os
+import subprocess
+import sys
+
+import torch
+
+import baton
+import baton.torch as bt
+from harness import run_tests
+
+
+def barrier(name):
+    bt.push_pull(torch.zeros(1), name=name)
+
+
+def test_a_second_operation_on_a_name_in_flight_is_a_value_error_and_the_others_go_on():
+    """Rank 0 starts "dup" twice before a barrier, the others after it: the
+    refusal is rank 0's alone, nothing of it reaches a peer, and every rank
+    then finishes "dup" with the right sum."""
+    t = torch.full((3,), float(bt.rank() + 1))
+    # The ranks use the names in different orders below: declare them first.
+    bt.declare("dup", t)
+    bt.declare("dup.barrier", torch.zeros(1))
+
+    def start_twice():
+        handle = bt.push_pull_async(t, average=False, name="dup")
+        try:
+            bt.push_pull_async(torch.ones(3), average=False, name="dup")
+        except ValueError as e:
+            assert 'tensor "dup" already has an operation in flight' in str(e), str(e)
+            assert e.code == "FAILED_PRECONDITION", e.code
+        else:
+            raise AssertionError("a second operation on a name in flight was started")
+        return handle
+
+    if bt.rank() == 0:
+        handle = start_twice()
+        barrier("dup.barrier")
+    else:
+        barrier("dup.barrier")
+        handle = start_twice()
+    want = float(sum(range(1, bt.size() + 1)))
+    assert torch.equal(bt.synchronize(handle), torch.full((3,), want)), t
+
+
+def test_misuses_are_value_errors():
+    t = torch.ones(2)
+    handle = bt.push_pull_async(t, name="misuse")
+    try:
+        # Declared anew with another shape while in flight.
+        bt.declare("misuse", torch.ones(5))
+    except ValueError as e:
+        assert 'tensor "misuse" is declared anew' in str(e), str(e)
+        assert not isinstance(e, baton.BatonError)
+    else:
+        raise AssertionError("a name in flight was declared anew")
+    bt.synchronize(handle)
+    for call, text in [
+        (lambda: bt.broadcast(torch.zeros(1), root_rank=bt.size(), name="misuse.root"), "is outside"),
+        (lambda: bt.synchronize(handle), "unknown baton handle"),
+        (lambda: bt.declare_many([("misuse.op", t)], op="allgather"), "op must be"),
+    ]:
+        try:
+            call()
+        except ValueError as e:
+            assert text in str(e), str(e)
+        else:
+            raise AssertionError("a misuse was accepted (%s)" % text)
+    # Before init(): in a process of its own.
+    probe = (
+        "import baton.torch as bt\n"
+        "try:\n"
+        "    bt.size()\n"
+        "except ValueError as e:\n"
+        "    print('ValueError:', e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=dict(os.environ)
+    )
+    assert "ValueError: baton is not initialized" in out.stdout, (out.stdout, out.stderr)
+
+
+def test_a_failed_operation_is_a_baton_error_whatever_its_code():
+    """The nodes disagree on average: the job fails the operation on every
+    rank, which is not a refused call even when its code is one a refused
+    call could have."""
+    t = torch.ones(2)
+    first_node = bt.rank() < bt.local_size()
+    try:
+        bt.push_pull(t, average=not first_node, name="classify.disagree")
+    except ValueError as e:
+        raise AssertionError("a failure of the job raised ValueError: %s" % e)
+    except baton.BatonError as e:
+        assert "classify.disagree" in str(e), str(e)
+    else:
+        raise AssertionError("nodes disagreeing on average were not reported")
+
+
+if __name__ == "__main__":
+    sys.exit(run_tests(globals()))
