@@ -72,7 +72,7 @@ def again_trainer():
 
     bt.init(attach_timeout=60)
     t = torch.full((3,), float(bt.rank() + 1))
-    bt.push_pull(t, average=False, name="again")
+    bt.push_pull_inplace(t, average=False, name="again")
     assert torch.equal(t, torch.full((3,), 3.0)), t
     bt.shutdown()
     print("ran again", flush=True)
