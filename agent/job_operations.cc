@@ -483,6 +483,7 @@ void JobOperations::FinishOp(PendingOp& pending, const absl::Status& status,
     ++l.count;
     l.total_us += us;
     l.max_us = std::max(l.max_us, us);
+    l.last_step = std::max(l.last_step, pending.step);
   }
   Notify(pending, status);
   ops_.erase(pending.id);

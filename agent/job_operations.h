@@ -60,11 +60,13 @@ class JobOperations {
     // record stays, as a lease on the tensor's buffers, until op_done.
     bool notified = false;
   };
-  // Per tensor id since the last report: operations, total and max latency.
+  // Per tensor id since the last report: operations, total and max
+  // latency, and the highest step completed.
   struct Latency {
     int64_t count = 0;
     int64_t total_us = 0;
     int64_t max_us = 0;
+    int64_t last_step = -1;
   };
 
   // `env`, `trainers` and `membership` outlive it. `post` runs a task on the

@@ -1,6 +1,7 @@
 #include "agent/step_reporter.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -29,18 +30,27 @@ void StepReporter::Send() {
   v1::StepReport* report = message.mutable_step_report();
   report->set_job(job_);
   report->set_generation(membership_.generation());
+  // Every local rank runs every step of a tensor, so a step pending here is
+  // one no local rank has completed, whether or not it submitted it: the
+  // rank that holds a step back must not look further along than the ranks
+  // that wait for it.
+  int64_t oldest_pending = std::numeric_limits<int64_t>::max();
+  for (const auto& [id, pending] : ops) {
+    oldest_pending = std::min(oldest_pending, pending.step);
+  }
   for (int32_t r = 0; r < trainers_.size(); ++r) {
-    // A rank's last step all of whose operations completed: one below its
-    // oldest pending operation, if any.
     int64_t completed = trainers_.trainer(r).completed_step;
-    for (const auto& [id, pending] : ops) {
-      if (pending.ranks[r].present) {
-        completed = std::min(completed, pending.step - 1);
-      }
+    if (oldest_pending != std::numeric_limits<int64_t>::max()) {
+      completed = std::min(completed, oldest_pending - 1);
+    }
+    int64_t submitted = -1;
+    for (int32_t i = 0; i < trainers_.tensor_count(); ++i) {
+      submitted = std::max(submitted, trainers_.tensor(i).last_step[r]);
     }
     v1::RankProgress* progress = report->add_ranks();
     progress->set_rank(rank_offset + r);
     progress->set_completed_step(completed);
+    progress->set_submitted_step(submitted);
   }
   const absl::Time now = clock_.Now();
   for (const auto& [id, pending] : ops) {
@@ -98,6 +108,7 @@ void StepReporter::Send() {
     out->set_count(l.count);
     out->set_mean_us(l.total_us / l.count);
     out->set_max_us(l.max_us);
+    out->set_last_step(l.last_step);
   }
   reported_at_ = now;
   env_.coordinator->Send(std::move(message));

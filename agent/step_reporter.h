@@ -13,10 +13,12 @@
 namespace baton::agent {
 
 // This node's StepReport of one job while a generation runs: each local
-// rank's last completed step, the operations still waiting (the
-// coordinator's stall detection reads them), and the data plane's stats,
-// throughput and per-tensor latencies since the previous report. Job
-// thread only.
+// rank's last completed and last submitted step, the operations still
+// waiting, and the data plane's stats, throughput and per-tensor latencies
+// (with the last step completed) since the previous report. The
+// coordinator's stall detection reads the waiting operations and the last
+// completed steps: together they say which ranks have submitted a tensor's
+// step. Job thread only.
 class StepReporter {
  public:
   // `env` and the job's parts outlive it.

@@ -178,9 +178,11 @@ std::string StallsSection(const v1::JobStatus& job) {
   std::string body;
   for (const v1::Stall& stall : job.stalls()) {
     absl::StrAppendFormat(
-        &body, "  tensor %s, step %d: waiting for ranks {%s} for %.0f s\n",
+        &body,
+        "  tensor %s, step %d: waiting for ranks {%s} on nodes {%s} for %.0f "
+        "s\n",
         stall.tensor(), stall.step(), absl::StrJoin(stall.missing_ranks(), ","),
-        stall.waiting_ms() / 1000.0);
+        absl::StrJoin(stall.missing_nodes(), ","), stall.waiting_ms() / 1000.0);
   }
   return Section("Stalls", body);
 }

@@ -20,9 +20,9 @@ std::string RandomInstance() {
 
 std::string StallText(const v1::Stall& stall) {
   return absl::StrFormat(
-      "tensor %s, step %d: waiting for ranks {%s} for %.0f s", stall.tensor(),
-      stall.step(), absl::StrJoin(stall.missing_ranks(), ","),
-      stall.waiting_ms() / 1000.0);
+      "tensor %s, step %d: waiting for ranks {%s} on nodes {%s} for %.0f s",
+      stall.tensor(), stall.step(), absl::StrJoin(stall.missing_ranks(), ","),
+      absl::StrJoin(stall.missing_nodes(), ","), stall.waiting_ms() / 1000.0);
 }
 
 }  // namespace

@@ -13,12 +13,6 @@
 namespace baton::coordinator {
 namespace {
 
-// A pending (tensor, step) as seen across the nodes' latest reports.
-struct PendingGroup {
-  std::vector<int32_t> submitted;
-  int64_t waiting_ms = 0;
-};
-
 using StallKey = std::pair<uint32_t, int64_t>;  // (tensor_id, step)
 
 // a + b for non-negative values, saturating instead of overflowing: an agent
@@ -49,6 +43,7 @@ void SortStalls(std::vector<v1::Stall>* stalls) {
 // One job's progress in its current generation.
 struct StepManager::JobSteps {
   struct Node {
+    std::string name;
     int32_t rank_offset = 0;
     int32_t local_size = 0;
     // The node's latest report and when it arrived; pending waits grow by the
@@ -56,16 +51,29 @@ struct StepManager::JobSteps {
     bool has_report = false;
     v1::StepReport report;
     absl::Time received;
+    // Per tensor id, the highest step this node completed (from every
+    // report's latencies, not only the latest). With nothing pending for the
+    // tensor, the node's ranks submitted it up to exactly this step.
+    absl::flat_hash_map<uint32_t, int64_t> completed_tensor_steps;
+    // Per tensor id, the highest step pending in the latest report.
+    absl::flat_hash_map<uint32_t, int64_t> max_pending_steps;
+  };
+
+  // A pending (tensor, step) as seen across the nodes' latest reports.
+  struct PendingGroup {
+    std::vector<int32_t> submitted;
+    int64_t waiting_ms = 0;
+    // The nodes whose reports list it.
+    absl::flat_hash_set<const Node*> reporters;
   };
 
   // Raises `rank` to `step` (ranks never go backwards) and keeps the cached
-  // minimum, maximum and global step current.
+  // minimum and global step current.
   void RaiseRank(int32_t rank, int64_t step) {
     int64_t& current = rank_steps[rank];
     if (step <= current) return;
     const int64_t previous = current;
     current = step;
-    max_step = std::max(max_step, step);
     if (previous == min_step && --ranks_at_min == 0) RecomputeMin();
   }
 
@@ -78,7 +86,17 @@ struct StepManager::JobSteps {
     global_step = std::max(global_step, min_step);
   }
 
-  int64_t Lag(int32_t rank) const { return max_step - rank_steps[rank]; }
+  // Whether `node`, which has no entry for (tensor_id, step) in its latest
+  // report, is past that step of the tensor: it runs a later step of it, or
+  // completed this one. Otherwise none of its ranks has submitted the step.
+  static bool PastStep(const Node& node, uint32_t tensor_id, int64_t step) {
+    auto pending = node.max_pending_steps.find(tensor_id);
+    if (pending != node.max_pending_steps.end() && pending->second > step) {
+      return true;
+    }
+    auto done = node.completed_tensor_steps.find(tensor_id);
+    return done != node.completed_tensor_steps.end() && done->second >= step;
+  }
 
   // Every (tensor, step) that some rank submitted, some rank has not, and
   // that has waited at least `threshold` by `now`.
@@ -100,6 +118,7 @@ struct StepManager::JobSteps {
                                pending.submitted_ranks().end());
         group.waiting_ms = std::max(
             group.waiting_ms, SaturatingAdd(pending.waiting_ms(), age_ms));
+        group.reporters.insert(&node);
       }
     }
     std::vector<v1::Stall> stalls;
@@ -108,21 +127,29 @@ struct StepManager::JobSteps {
       // Cheap filter first: most pending operations finish long before the
       // threshold, and finding the missing ranks is O(world size).
       if (absl::Milliseconds(group.waiting_ms) < threshold) continue;
+      const auto& [tensor_id, step] = key;
       std::fill(submitted.begin(), submitted.end(), false);
       for (int32_t rank : group.submitted) submitted[rank] = true;
       v1::Stall stall;
-      for (size_t rank = 0; rank < rank_steps.size(); ++rank) {
-        // A rank that completed the step has submitted everything in it,
-        // even if no report says so yet.
-        if (!submitted[rank] && rank_steps[rank] < key.second) {
-          stall.add_missing_ranks(static_cast<int32_t>(rank));
+      for (const Node* node : nodes_by_rank) {
+        // A reporter's unnamed ranks have not submitted it; another node's
+        // ranks have not, unless the node is already past the step.
+        const bool reported = group.reporters.contains(node);
+        if (!reported && PastStep(*node, tensor_id, step)) continue;
+        const int missing_before = stall.missing_ranks_size();
+        for (int32_t rank = node->rank_offset;
+             rank < node->rank_offset + node->local_size; ++rank) {
+          if (!reported || !submitted[rank]) stall.add_missing_ranks(rank);
+        }
+        if (stall.missing_ranks_size() > missing_before) {
+          stall.add_missing_nodes(node->name);
         }
       }
       if (stall.missing_ranks().empty()) continue;
       std::sort(group.submitted.begin(), group.submitted.end());
-      stall.set_tensor_id(key.first);
-      stall.set_tensor(tensor_name(key.first));
-      stall.set_step(key.second);
+      stall.set_tensor_id(tensor_id);
+      stall.set_tensor(tensor_name(tensor_id));
+      stall.set_step(step);
       stall.mutable_submitted_ranks()->Add(group.submitted.begin(),
                                            group.submitted.end());
       stall.set_waiting_ms(group.waiting_ms);
@@ -134,13 +161,17 @@ struct StepManager::JobSteps {
 
   int64_t generation = 0;
   absl::flat_hash_map<std::string, Node> nodes;
+  // The nodes in rank order: pointers into `nodes`, which changes only when
+  // a generation is sealed.
+  std::vector<const Node*> nodes_by_rank;
   // Indexed by global rank; -1 until the rank completes a step.
   std::vector<int64_t> rank_steps;
-  // Cached over rank_steps: the minimum, how many ranks sit at it, and the
-  // maximum (for lag).
+  // Indexed by global rank: the highest step it submitted any tensor of, as
+  // last reported; -1 until then.
+  std::vector<int64_t> submitted_steps;
+  // Cached over rank_steps: the minimum and how many ranks sit at it.
   int64_t min_step = -1;
   int64_t ranks_at_min = 0;
-  int64_t max_step = -1;
   // Last step completed by every rank; kept across generations, never
   // lowered.
   int64_t global_step = -1;
@@ -171,16 +202,25 @@ void StepManager::OnGenerationSealed(const v1::Membership& membership) {
         << "node " << info.node_name() << " of job " << membership.job();
     if (info.rank_offset() < 0 || info.local_size() < 0) continue;
     JobSteps::Node& node = job->nodes[info.node_name()];
+    node.name = info.node_name();
     node.rank_offset = info.rank_offset();
     node.local_size = info.local_size();
     world_size = std::max(world_size, info.rank_offset() + info.local_size());
   }
+  job->nodes_by_rank.clear();
+  for (const auto& [name, node] : job->nodes) {
+    job->nodes_by_rank.push_back(&node);
+  }
+  std::sort(job->nodes_by_rank.begin(), job->nodes_by_rank.end(),
+            [](const JobSteps::Node* a, const JobSteps::Node* b) {
+              return a->rank_offset < b->rank_offset;
+            });
   // Ranks are renumbered by a new generation, so per-rank progress starts
   // over; the global step does not.
   job->rank_steps.assign(world_size, -1);
+  job->submitted_steps.assign(world_size, -1);
   job->min_step = -1;
   job->ranks_at_min = world_size;
-  job->max_step = -1;
 }
 
 absl::Status StepManager::OnReport(const std::string& node_name,
@@ -230,11 +270,26 @@ absl::Status StepManager::OnReport(const std::string& node_name,
                        progress.completed_step(), " for rank ", progress.rank(),
                        "; it must be -1 (no step completed) or more"));
     }
+    if (progress.submitted_step() < -1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepReport.ranks[", i, "].submitted_step is ",
+                       progress.submitted_step(), " for rank ", progress.rank(),
+                       "; it must be -1 (nothing submitted) or more"));
+    }
     if (seen[progress.rank() - first] == list) {
       return absl::InvalidArgumentError(absl::StrCat(
           "StepReport.ranks names rank ", progress.rank(), " twice"));
     }
     seen[progress.rank() - first] = list;
+  }
+  const auto& latencies = report.stats().tensor_latencies();
+  for (int i = 0; i < latencies.size(); ++i) {
+    if (latencies[i].last_step() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StepReport.stats.tensor_latencies[", i, "] (tensor ",
+          latencies[i].tensor_id(), ") has last_step ",
+          latencies[i].last_step(), "; a completed step is 0 or more"));
+    }
   }
   for (int i = 0; i < report.pending_size(); ++i) {
     const v1::PendingTensor& pending = report.pending(i);
@@ -265,6 +320,18 @@ absl::Status StepManager::OnReport(const std::string& node_name,
 
   for (const v1::RankProgress& progress : report.ranks()) {
     job.RaiseRank(progress.rank(), progress.completed_step());
+    // Not raised only: a failed step is submitted again.
+    job.submitted_steps[progress.rank()] = progress.submitted_step();
+  }
+  for (const v1::TensorLatency& latency : latencies) {
+    int64_t& done = node.completed_tensor_steps[latency.tensor_id()];
+    done = std::max(done, latency.last_step());
+  }
+  node.max_pending_steps.clear();
+  for (const v1::PendingTensor& pending : report.pending()) {
+    auto [it, inserted] =
+        node.max_pending_steps.try_emplace(pending.tensor_id(), pending.step());
+    if (!inserted) it->second = std::max(it->second, pending.step());
   }
   node.has_report = true;
   node.report = report;
@@ -284,6 +351,8 @@ void StepManager::Recover(const std::string& job_name,
   for (int32_t rank = node.rank_offset;
        rank < node.rank_offset + node.local_size; ++rank) {
     job.RaiseRank(rank, completed_step);
+    job.submitted_steps[rank] =
+        std::max(job.submitted_steps[rank], completed_step);
   }
 }
 
@@ -322,9 +391,23 @@ void StepManager::FillStatus(const std::string& job_name, absl::Time now,
   }
   const JobSteps& job = *job_it->second;
   status->set_global_step(job.global_step);
+  // Each rank's place, for lag: the furthest step it submitted (never below
+  // one it completed), but one below the earliest stalled step it holds
+  // back. The ranks waiting for it stay where they are.
+  std::vector<int64_t> places(job.rank_steps.size());
+  std::vector<int64_t> completed = job.rank_steps;
+  for (size_t rank = 0; rank < places.size(); ++rank) {
+    places[rank] = std::max(job.submitted_steps[rank], job.rank_steps[rank]);
+  }
   for (v1::Stall& stall : job.Stalls(now, stall_threshold_, tensor_name)) {
+    for (int32_t rank : stall.missing_ranks()) {
+      places[rank] = std::min(places[rank], stall.step() - 1);
+      completed[rank] = std::min(completed[rank], stall.step() - 1);
+    }
     *status->add_stalls() = std::move(stall);
   }
+  const int64_t furthest =
+      places.empty() ? -1 : *std::max_element(places.begin(), places.end());
   for (v1::MemberStatus& member : *status->mutable_members()) {
     auto node_it = job.nodes.find(member.node_name());
     if (node_it == job.nodes.end()) continue;
@@ -334,8 +417,8 @@ void StepManager::FillStatus(const std::string& job_name, absl::Time now,
          rank < node.rank_offset + node.local_size; ++rank) {
       v1::RankStatus* rank_status = member.add_ranks();
       rank_status->set_rank(rank);
-      rank_status->set_completed_step(job.rank_steps[rank]);
-      rank_status->set_lag(job.Lag(rank));
+      rank_status->set_completed_step(completed[rank]);
+      rank_status->set_lag(furthest - places[rank]);
     }
     if (node.has_report) {
       const v1::AgentStats& stats = node.report.stats();

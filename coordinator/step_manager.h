@@ -16,11 +16,16 @@
 namespace baton::coordinator {
 
 // Tracks each job's step progress from the agents' periodic StepReports: the
-// global step (last step completed by every rank), each rank's lag behind the
-// fastest rank, and stalls (a tensor some ranks submitted for step s and
-// others have not, for at least the stall threshold). A rank that completed
-// step s is never missing from it, and steps at or below the global step
-// never stall.
+// global step (last step completed by every rank), stalls (a tensor some
+// ranks submitted for step s and others have not, for at least the stall
+// threshold), and each rank's lag: how far its submissions are behind the
+// furthest rank's, counting a rank that holds back a stalled tensor of step s
+// as at s - 1.
+//
+// A rank is missing from (tensor, s) when its node's latest report lists the
+// tensor pending at s without it, or lists nothing for the tensor at s or
+// later and the node has not completed step s of it (from the latencies of
+// every report so far). Steps at or below the global step never stall.
 //
 // Not thread-safe: owned by the coordinator's control loop.
 class StepManager {
@@ -40,11 +45,12 @@ class StepManager {
   void OnGenerationSealed(const v1::Membership& membership);
 
   // Records `node_name`'s report (the caller checked job and generation).
-  // It replaces the node's previous report; a rank's step never goes down.
-  // FAILED_PRECONDITION when the job, generation or node is not one this
-  // manager was told about; INVALID_ARGUMENT when a rank is not one of the
-  // node's ranks or is named twice, a step is below -1 (a pending step below
-  // 0), or a waiting time is negative. A rejected report changes nothing.
+  // It replaces the node's previous report; a rank's completed step never
+  // goes down. FAILED_PRECONDITION when the job, generation or node is not
+  // one this manager was told about; INVALID_ARGUMENT when a rank is not one
+  // of the node's ranks or is named twice, a step is below -1 (a pending or
+  // completed tensor's step below 0), or a waiting time is negative. A
+  // rejected report changes nothing.
   absl::Status OnReport(const std::string& node_name,
                         const v1::StepReport& report, absl::Time now);
 
@@ -62,7 +68,8 @@ class StepManager {
   int64_t GlobalStep(const std::string& job) const;
 
   // Fills global_step, stalls, and for every member already in `status`
-  // its ranks (step and lag) and last reported scheduling stats.
+  // its ranks (completed step, lowered below any stalled step a rank holds
+  // back, and lag) and last reported scheduling stats.
   void FillStatus(const std::string& job, absl::Time now,
                   const TensorNameFn& tensor_name, v1::JobStatus* status) const;
 

@@ -61,6 +61,9 @@ DEFINE_string(job, "batonrun", "The job's name (BATON_JOB)");
 DEFINE_int32(stop_grace_ms, 5000,
              "After SIGTERM, how long a process may take before SIGKILL");
 DEFINE_string(agent_flags, "", "Extra flags for the embedded agents");
+DEFINE_string(coordinator_flags, "",
+              "Extra flags for the embedded coordinator, e.g. "
+              "\"--stall_threshold_ms=2000 --report_interval_ms=200\"");
 DEFINE_int32(max_coordinator_restarts, 5,
              "Restarts of the embedded coordinator allowed within a minute, "
              "0..100; one more ends the job");
@@ -269,8 +272,12 @@ std::string Launcher::StartCoordinator(const std::string& listen,
   const std::string bin = SelfDir() + "/baton-coordinator";
   coordinator.name = "coordinator";
   coordinator.coordinator = true;
-  if (!Spawn(coordinator, {bin, "--listen=" + listen}, {}, true, false,
-             CoordinatorLog())) {
+  std::vector<std::string> argv = {bin, "--listen=" + listen};
+  for (const std::string& f : std::vector<std::string>(
+           absl::StrSplit(FLAGS_coordinator_flags, ' ', absl::SkipEmpty()))) {
+    argv.emplace_back(f);
+  }
+  if (!Spawn(coordinator, argv, {}, true, false, CoordinatorLog())) {
     ended = absl::StrCat("cannot be started (", bin, ": ", std::strerror(errno),
                          ")");
     return "";

@@ -113,6 +113,7 @@ v1::JobStatus RunningJob() {
   stall->set_step(41);
   stall->add_missing_ranks(2);
   stall->add_missing_ranks(3);
+  stall->add_missing_nodes("n2");
   stall->add_submitted_ranks(0);
   stall->add_submitted_ranks(1);
   stall->set_waiting_ms(12400);

@@ -69,6 +69,21 @@ void AddPending(v1::StepReport* report, uint32_t tensor_id, int64_t step,
   pending->set_waiting_ms(waiting_ms);
 }
 
+// The node completed step `step` of `tensor_id` since its previous report.
+void AddCompleted(v1::StepReport* report, uint32_t tensor_id, int64_t step) {
+  v1::TensorLatency* latency = report->mutable_stats()->add_tensor_latencies();
+  latency->set_tensor_id(tensor_id);
+  latency->set_count(1);
+  latency->set_last_step(step);
+}
+
+// Sets each listed rank's submitted step.
+void SetSubmitted(v1::StepReport* report, int64_t step) {
+  for (v1::RankProgress& progress : *report->mutable_ranks()) {
+    progress.set_submitted_step(step);
+  }
+}
+
 std::string TensorName(uint32_t tensor_id) {
   return absl::StrCat("Gradient.layer", tensor_id);
 }
@@ -246,6 +261,7 @@ TEST_F(StallTest, StallNamesMissingAndSubmittedRanksAndLongestWait) {
   EXPECT_EQ(stalls[0].step(), 4);
   EXPECT_THAT(Ints(stalls[0].missing_ranks()), ElementsAre(2, 4, 5));
   EXPECT_THAT(Ints(stalls[0].submitted_ranks()), ElementsAre(0, 1, 3));
+  EXPECT_THAT(stalls[0].missing_nodes(), ElementsAre("n1", "n2"));
   EXPECT_EQ(stalls[0].waiting_ms(), 5000);
 }
 
@@ -307,22 +323,58 @@ TEST_F(StallTest, StatusStallsAreSortedByWaitThenTensorId) {
 TEST_F(StallTest, CompletedStepIsNoLongerAStall) {
   const absl::Time later = kT0 + absl::Seconds(10);
   // Everyone completes step 4, but n0's latest report still lists tensor 7.
-  MustReport("n1", Report(1, {{2, 4}, {3, 4}, {4, 4}}), later);
-  MustReport("n2", Report(1, {{5, 4}}), later);
+  v1::StepReport n1 = Report(1, {{2, 4}, {3, 4}, {4, 4}});
+  AddCompleted(&n1, 7, 4);
+  MustReport("n1", n1, later);
+  v1::StepReport n2 = Report(1, {{5, 4}});
+  AddCompleted(&n2, 7, 4);
+  MustReport("n2", n2, later);
   EXPECT_EQ(steps_.GlobalStep("job"), 3);
-  // Ranks 2..5 completed step 4, so none of them is missing any more.
+  // n1 and n2 completed tensor 7's step 4, so none of their ranks is
+  // missing any more.
   EXPECT_THAT(steps_.TakeNewStalls("job", later, TensorName), IsEmpty());
   MustReport("n0", Report(1, {{0, 4}, {1, 4}}), later);
   EXPECT_EQ(steps_.GlobalStep("job"), 4);
   EXPECT_THAT(StatusWithMembers(later).stalls(), IsEmpty());
 }
 
-TEST_F(StallTest, RanksThatCompletedTheStepAreNotMissing) {
+TEST_F(StallTest, RanksWhoseNodeCompletedTheTensorAreNotMissing) {
+  // n2 completed tensor 7's step 4 in one report; the next one says nothing
+  // of it, and n2 stays past that step.
+  v1::StepReport n2 = Report(1, {{5, 4}});
+  AddCompleted(&n2, 7, 4);
+  MustReport("n2", n2, kT0);
   MustReport("n2", Report(1, {{5, 4}}), kT0);
   std::vector<v1::Stall> stalls =
       steps_.TakeNewStalls("job", kT0 + absl::Seconds(5), TensorName);
   ASSERT_EQ(stalls.size(), 1u);
   EXPECT_THAT(Ints(stalls[0].missing_ranks()), ElementsAre(2, 4));
+  EXPECT_THAT(stalls[0].missing_nodes(), ElementsAre("n1"));
+}
+
+TEST_F(StallTest, RanksOfANodeAtALaterStepOfTheTensorAreNotMissing) {
+  v1::StepReport n2 = Report(1, {{5, 4}});
+  AddPending(&n2, 7, 5, {5}, 100);
+  MustReport("n2", n2, kT0);
+  // At kT0 + 2 s step 4 has waited 5 s (n1's), step 5 only 2.1 s.
+  std::vector<v1::Stall> stalls =
+      steps_.TakeNewStalls("job", kT0 + absl::Seconds(2), TensorName);
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_EQ(stalls[0].step(), 4);
+  EXPECT_THAT(Ints(stalls[0].missing_ranks()), ElementsAre(2, 4));
+}
+
+TEST_F(StallTest, ACompletedStepOfTheRankIsNoProofItSubmittedTheTensor) {
+  // n2's rank completed step 4 of another tensor and has nothing pending:
+  // it has still not submitted tensor 7 of step 4.
+  v1::StepReport n2 = Report(1, {{5, 4}});
+  AddCompleted(&n2, 7, 3);
+  AddCompleted(&n2, 8, 4);
+  MustReport("n2", n2, kT0);
+  std::vector<v1::Stall> stalls =
+      steps_.TakeNewStalls("job", kT0 + absl::Seconds(5), TensorName);
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_THAT(Ints(stalls[0].missing_ranks()), ElementsAre(2, 4, 5));
 }
 
 TEST_F(StallTest, PendingAtOrBelowGlobalStepIsIgnored) {
@@ -375,6 +427,123 @@ TEST_F(StallTest, NewGenerationDropsReportsAndAnnouncesAgain) {
   AddPending(&n0, 7, 4, {0, 1}, 8000);
   MustReport("n0", n0, later);
   EXPECT_EQ(steps_.TakeNewStalls("job", later, TensorName).size(), 1u);
+}
+
+// Issue 17: 2 nodes x 2 ranks; every rank submitted tensor 1 of step 2
+// (completed), then one rank held tensor 2 of step 2 back while the others
+// submitted it.
+class HeldBackTensorTest : public ::testing::Test {
+ protected:
+  void Seal(int32_t local_size) {
+    steps_.OnGenerationSealed(
+        MakeMembership("job", 1, {{"a", local_size}, {"b", local_size}}));
+  }
+
+  void MustReport(const std::string& node, const v1::StepReport& report,
+                  absl::Time now) {
+    absl::Status status = steps_.OnReport(node, report, now);
+    ASSERT_TRUE(status.ok()) << status;
+  }
+
+  v1::JobStatus Status(absl::Time now) {
+    v1::JobStatus status;
+    status.add_members()->set_node_name("a");
+    status.add_members()->set_node_name("b");
+    steps_.FillStatus("job", now, TensorName, &status);
+    return status;
+  }
+
+  StepManager steps_{kThreshold};
+};
+
+TEST_F(HeldBackTensorTest,
+       TheRankThatHoldsItBackIsMissingAndLagsNotItsNodeMate) {
+  Seal(2);
+  // What the agents report: a step pending on a node is completed by none of
+  // its ranks (each at 1), and every rank submitted something of step 2.
+  v1::StepReport a = Report(1, {{0, 1}, {1, 1}});
+  SetSubmitted(&a, 2);
+  AddCompleted(&a, 1, 2);
+  AddPending(&a, 2, 2, {0}, 0);
+  MustReport("a", a, kT0);
+  v1::StepReport b = Report(1, {{2, 1}, {3, 1}});
+  SetSubmitted(&b, 2);
+  AddCompleted(&b, 1, 2);
+  AddPending(&b, 2, 2, {2, 3}, 0);
+  MustReport("b", b, kT0);
+
+  // Below the threshold: no stall, and nobody lags.
+  v1::JobStatus early = Status(kT0 + kThreshold - absl::Milliseconds(1));
+  EXPECT_THAT(early.stalls(), IsEmpty());
+  for (const v1::MemberStatus& member : early.members()) {
+    for (const v1::RankStatus& rank : member.ranks()) {
+      EXPECT_EQ(rank.lag(), 0) << "rank " << rank.rank();
+    }
+  }
+
+  const absl::Time later = kT0 + kThreshold;
+  std::vector<v1::Stall> stalls =
+      steps_.TakeNewStalls("job", later, TensorName);
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_EQ(stalls[0].tensor(), "Gradient.layer2");
+  EXPECT_EQ(stalls[0].step(), 2);
+  EXPECT_THAT(Ints(stalls[0].missing_ranks()), ElementsAre(1));
+  EXPECT_THAT(stalls[0].missing_nodes(), ElementsAre("a"));
+  EXPECT_THAT(Ints(stalls[0].submitted_ranks()), ElementsAre(0, 2, 3));
+
+  v1::JobStatus status = Status(later);
+  ASSERT_EQ(status.stalls_size(), 1);
+  std::vector<std::pair<int64_t, int64_t>> ranks;  // (completed, lag)
+  for (const v1::MemberStatus& member : status.members()) {
+    for (const v1::RankStatus& rank : member.ranks()) {
+      ranks.emplace_back(rank.completed_step(), rank.lag());
+    }
+  }
+  EXPECT_THAT(ranks, ElementsAre(std::make_pair(1, 0), std::make_pair(1, 1),
+                                 std::make_pair(1, 0), std::make_pair(1, 0)));
+
+  // Released: the step completes everywhere, and the stall and lag clear.
+  v1::StepReport a_done = Report(1, {{0, 2}, {1, 2}});
+  SetSubmitted(&a_done, 2);
+  AddCompleted(&a_done, 2, 2);
+  MustReport("a", a_done, later);
+  v1::StepReport b_done = Report(1, {{2, 2}, {3, 2}});
+  SetSubmitted(&b_done, 2);
+  AddCompleted(&b_done, 2, 2);
+  MustReport("b", b_done, later);
+  v1::JobStatus after = Status(later + absl::Seconds(30));
+  EXPECT_EQ(after.global_step(), 2);
+  EXPECT_THAT(after.stalls(), IsEmpty());
+  EXPECT_EQ(after.members(0).ranks(1).lag(), 0);
+}
+
+TEST_F(HeldBackTensorTest, ARankAloneOnItsNodeThatHoldsItBackIsMissing) {
+  Seal(1);
+  // Rank 0's node has nothing pending: its last completed step is that of
+  // tensor 1, further than rank 1, which waits for tensor 2.
+  v1::StepReport a0 = Report(1, {{0, 1}});
+  AddCompleted(&a0, 2, 1);
+  MustReport("a", a0, kT0);
+  v1::StepReport a = Report(1, {{0, 2}});
+  SetSubmitted(&a, 2);
+  AddCompleted(&a, 1, 2);
+  MustReport("a", a, kT0);
+  v1::StepReport b = Report(1, {{1, 1}});
+  SetSubmitted(&b, 2);
+  AddCompleted(&b, 1, 2);
+  AddPending(&b, 2, 2, {1}, 0);
+  MustReport("b", b, kT0);
+
+  v1::JobStatus status = Status(kT0 + kThreshold);
+  ASSERT_EQ(status.stalls_size(), 1);
+  EXPECT_EQ(status.stalls(0).step(), 2);
+  EXPECT_THAT(Ints(status.stalls(0).missing_ranks()), ElementsAre(0));
+  EXPECT_THAT(status.stalls(0).missing_nodes(), ElementsAre("a"));
+  // Rank 0 has not completed step 2 and is the one behind.
+  EXPECT_EQ(status.members(0).ranks(0).completed_step(), 1);
+  EXPECT_EQ(status.members(0).ranks(0).lag(), 1);
+  EXPECT_EQ(status.members(1).ranks(0).completed_step(), 1);
+  EXPECT_EQ(status.members(1).ranks(0).lag(), 0);
 }
 
 TEST_F(StepManagerTest, NewGenerationKeepsGlobalStepAndRenumbersRanks) {
@@ -481,6 +650,18 @@ TEST_F(StepManagerTest, ReportValidationErrors) {
   cases.push_back({"n1", Report(1, {{3, 1}, {2, 1}, {3, 2}}),
                    absl::StatusCode::kInvalidArgument,
                    "StepReport.ranks names rank 3 twice"});
+
+  v1::StepReport negative_submitted = Report(1, {{3, 1}});
+  SetSubmitted(&negative_submitted, -2);
+  cases.push_back({"n1", negative_submitted, absl::StatusCode::kInvalidArgument,
+                   "StepReport.ranks[0].submitted_step is -2 for rank 3; it "
+                   "must be -1 (nothing submitted) or more"});
+  v1::StepReport negative_done = Report(1, {});
+  AddCompleted(&negative_done, 4, 0);
+  AddCompleted(&negative_done, 6, -1);
+  cases.push_back({"n1", negative_done, absl::StatusCode::kInvalidArgument,
+                   "StepReport.stats.tensor_latencies[1] (tensor 6) has "
+                   "last_step -1; a completed step is 0 or more"});
 
   v1::StepReport negative_step = Report(1, {});
   AddPending(&negative_step, 4, -1, {2}, 0);
