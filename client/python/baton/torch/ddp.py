@@ -59,16 +59,16 @@ class DDPCommHookState:
                 "torch.nn.parallel.DistributedDataParallel that the hook is "
                 "registered on, not %s" % type(model).__name__
             )
-        if not isinstance(name, str) or not name or not name.isprintable() or len(name) > 200:
+        if not isinstance(name, str) or not (0 < len(name) <= 200 and name.isascii() and name.isprintable()):
             raise ValueError(
                 "DDPCommHookState(name=%r): the name must be 1..200 printable "
-                "characters (it prefixes the buckets' tensor names)" % (name,)
+                "ASCII characters (it prefixes the buckets' tensor names)" % (name,)
             )
         if not hasattr(model.reducer, "_get_zeros_like_grad_buckets"):
             raise ValueError(
                 "this torch (%s) does not tell its DDP bucket layout "
-                "(Reducer._get_zeros_like_grad_buckets): baton's DDP hook "
-                "needs torch 1.10 or later" % torch.__version__
+                "(Reducer._get_zeros_like_grad_buckets), which baton's DDP "
+                "hook needs (torch 1.13 has it)" % torch.__version__
             )
         self.name = name
         self._model = weakref.ref(model)
