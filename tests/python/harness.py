@@ -14,15 +14,17 @@ import baton.torch as bt
 def run_tests(namespace):
     torch.set_num_threads(1)
     bt.init()
+    # Read once: a test may leave the job (bt.shutdown()) before it ends.
+    rank = bt.rank()
     tests = [(name, f) for name, f in namespace.items() if name.startswith("test_") and callable(f)]
     for name, test in tests:
         start = time.monotonic()
         try:
             test()
         except BaseException:
-            print("FAILED %s on rank %d:\n%s" % (name, bt.rank(), traceback.format_exc()), flush=True)
+            print("FAILED %s on rank %d:\n%s" % (name, rank, traceback.format_exc()), flush=True)
             return 1
-        if bt.rank() == 0:
+        if rank == 0:
             print("ok %s (%.2f s)" % (name, time.monotonic() - start), flush=True)
     bt.shutdown()
     return 0

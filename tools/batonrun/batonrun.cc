@@ -10,6 +10,11 @@
 // --coordinator it starts only this node's P trainers against the local
 // agent (--socket), the Kubernetes case.
 //
+// Trainers get the variables torchrun sets (LOCAL_RANK, LOCAL_WORLD_SIZE,
+// WORLD_SIZE; in an embedded cluster also RANK, MASTER_ADDR=127.0.0.1 and
+// a free MASTER_PORT), so torch.distributed.init_process_group's env://
+// rendezvous, which DistributedDataParallel needs, works unchanged.
+//
 // Every trainer's output is prefixed with its rank. SIGINT/SIGTERM are
 // forwarded to the trainers. When a trainer fails, the others are stopped
 // (SIGTERM, then SIGKILL after --stop_grace_ms) and batonrun exits 1 naming
@@ -49,6 +54,7 @@
 #include "baton/status_client.h"
 #include "common/init.h"
 #include "gflags/gflags.h"
+#include "tools/batonrun/master_port.h"
 
 DEFINE_int32(nodes, 1, "Nodes (agents) of the job, 1..64");
 DEFINE_int32(procs_per_node, 1, "Trainers per node, 1..64");
@@ -259,6 +265,8 @@ class Launcher {
   std::vector<std::string> command_;
   std::string dir_;
   std::string coordinator_;
+  // torch.distributed's rendezvous port (MASTER_PORT), embedded clusters.
+  int master_port_ = 0;
   std::vector<Child> children_;
   std::vector<std::thread> copiers_;
   bool early_exit_ = false;
@@ -312,6 +320,12 @@ bool Launcher::StartCluster() {
     Say("the coordinator " + ended + "; see " + CoordinatorLog());
     return false;
   }
+  absl::StatusOr<int> master_port = batonrun::ChooseMasterPort();
+  if (!master_port.ok()) {
+    Say(std::string(master_port.status().message()));
+    return false;
+  }
+  master_port_ = *master_port;
   return true;
 }
 
@@ -374,6 +388,11 @@ bool Launcher::StartTrainers(int node, const std::string& socket,
         absl::StrCat("WORLD_SIZE=", FLAGS_nodes * p),
     };
     if (exact_rank) env.push_back(absl::StrCat("RANK=", rank));
+    if (master_port_ != 0) {
+      // The same on every trainer: rank 0 hosts torch's store there.
+      env.push_back("MASTER_ADDR=127.0.0.1");
+      env.push_back(absl::StrCat("MASTER_PORT=", master_port_));
+    }
     const std::string coordinator =
         coordinator_.empty() ? FLAGS_coordinator : coordinator_;
     if (!coordinator.empty()) env.push_back("BATON_COORDINATOR=" + coordinator);

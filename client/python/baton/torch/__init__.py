@@ -54,6 +54,8 @@ __all__ = [
     "declare",
     "DistributedOptimizer",
     "ScheduledOptimizer",
+    "DDPCommHookState",
+    "ddp_comm_hook",
 ]
 
 _DTYPES = {
@@ -708,3 +710,4 @@ def broadcast_optimizer_state(optimizer, root_rank):
 
 
 from baton.torch.optimizers import DistributedOptimizer, ScheduledOptimizer  # noqa: E402
+from baton.torch.ddp import DDPCommHookState, ddp_comm_hook  # noqa: E402
