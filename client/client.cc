@@ -615,7 +615,7 @@ absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
             "baton-agent"));
       }
       tensors.push_back(std::make_shared<Tensor>(
-          d.index(), spec, d.size_bytes(), nullptr, 0, 0));
+          d.index(), spec, d.size_bytes(), nullptr, 0, 0, d.next_step()));
       continue;
     }
     absl::StatusOr<SharedMemory> memory =
@@ -626,9 +626,9 @@ absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
       absl::MutexLock lock(&impl_->mu_);
       impl_->mappings_.push_back(std::move(*memory));
     }
-    tensors.push_back(std::make_shared<Tensor>(d.index(), spec, d.size_bytes(),
-                                               base, d.input_offset(),
-                                               d.output_offset()));
+    tensors.push_back(std::make_shared<Tensor>(
+        d.index(), spec, d.size_bytes(), base, d.input_offset(),
+        d.output_offset(), d.next_step()));
   }
   return tensors;
 }
