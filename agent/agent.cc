@@ -97,7 +97,9 @@ absl::Status Agent::Start() {
       config_.reconnect_max_backoff, std::move(callbacks), clock_);
 
   trainer_service_ = std::make_unique<TrainerService>(
-      [this](const std::string& job) { return FindOrCreateJob(job); });
+      [this](const std::string& job, int32_t local_rank) {
+        return FindOrCreateJob(job, local_rank);
+      });
   EnableStandardServices();
   grpc::ServerBuilder builder;
   ApplyServerDefaults(builder, 16 << 20);
@@ -129,7 +131,7 @@ absl::StatusOr<std::string> Agent::ServeMetrics(
 }
 
 absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
-    const std::string& job) {
+    const std::string& job, int32_t local_rank) {
   absl::Status valid = ValidateIdentifier("AttachRequest.job", job);
   if (!valid.ok()) return valid;
   absl::MutexLock lock(&mu_);
@@ -137,9 +139,28 @@ absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
     return absl::UnavailableError("the agent is shutting down");
   }
   auto it = jobs_.find(job);
+  if (it != jobs_.end() && !it->second->ended()) {
+    // A trainer detaches as finished only after the job handled it (the job
+    // closes the stream), so a finished rank's next attach sees it here.
+    if (!it->second->finished(local_rank)) return it->second;
+    std::shared_ptr<AgentJob>& next = next_runs_[job];
+    if (next == nullptr) next = CreateJob(job);
+    return next;
+  }
   // A job that ended here and was not reaped yet is replaced: trainers
-  // attaching now start it afresh.
-  if (it != jobs_.end() && !it->second->ended()) return it->second;
+  // attaching now start it afresh (its next run, if one waits).
+  std::shared_ptr<AgentJob> created;
+  if (auto next = next_runs_.find(job); next != next_runs_.end()) {
+    created = std::move(next->second);
+    next_runs_.erase(next);
+  } else {
+    created = CreateJob(job);
+  }
+  jobs_[job] = created;
+  return created;
+}
+
+std::shared_ptr<AgentJob> Agent::CreateJob(const std::string& job) {
   AgentJob::Environment env;
   env.config = &config_;
   env.coordinator = coordinator_.get();
@@ -157,10 +178,19 @@ absl::StatusOr<std::shared_ptr<AgentJob>> Agent::FindOrCreateJob(
   env.on_done = [this, created_ptr, job] {
     absl::MutexLock lock(&mu_);
     done_.emplace_back(job, *created_ptr);
+    // The name's next run takes over: its trainers attached while this one
+    // ended, and coordinator messages for the name are now its.
+    auto it = jobs_.find(job);
+    auto next = next_runs_.find(job);
+    if (it != jobs_.end() && it->second.get() == *created_ptr &&
+        next != next_runs_.end()) {
+      replaced_.push_back(std::move(it->second));
+      it->second = std::move(next->second);
+      next_runs_.erase(next);
+    }
   };
   auto created = std::make_shared<AgentJob>(job, std::move(env));
   *created_ptr = created.get();
-  jobs_[job] = created;
   return created;
 }
 
@@ -204,6 +234,7 @@ void Agent::ReapJobs() {
   std::vector<std::shared_ptr<AgentJob>> reaped;
   {
     absl::MutexLock lock(&mu_);
+    reaped.swap(replaced_);
     for (const auto& [name, job] : done_) {
       // Only if the name still maps to that job: a newer job of the same
       // name may have replaced it, and then `job` may be destroyed already
@@ -233,6 +264,10 @@ void Agent::Shutdown() {
     shutting_down_ = true;
     for (auto& [name, job] : jobs_) jobs.push_back(std::move(job));
     jobs_.clear();
+    for (auto& [name, job] : next_runs_) jobs.push_back(std::move(job));
+    next_runs_.clear();
+    for (auto& job : replaced_) jobs.push_back(std::move(job));
+    replaced_.clear();
   }
   // Destroying a job fails its operations and closes its trainers' streams.
   jobs.clear();

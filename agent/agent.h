@@ -50,8 +50,14 @@ class Agent {
   absl::StatusOr<std::string> ServeMetrics(const std::string& listen_address);
 
  private:
+  // The job a trainer attaching as `local_rank` joins: the name's running
+  // job, or, when `local_rank` finished that one (shutdown() then init()),
+  // the name's next run, which waits on this node until the running one
+  // ended here.
   absl::StatusOr<std::shared_ptr<AgentJob>> FindOrCreateJob(
-      const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
+      const std::string& job, int32_t local_rank) ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<AgentJob> CreateJob(const std::string& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RouteMessage(const v1::CoordinatorMessage& message)
       ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::shared_ptr<AgentJob>> Jobs() ABSL_LOCKS_EXCLUDED(mu_);
@@ -70,9 +76,15 @@ class Agent {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<AgentJob>> jobs_
       ABSL_GUARDED_BY(mu_);
+  // Per name, the next run: trainers that finished the running job attach
+  // to it; it replaces that job in jobs_ once that one ended.
+  absl::flat_hash_map<std::string, std::shared_ptr<AgentJob>> next_runs_
+      ABSL_GUARDED_BY(mu_);
   // Jobs that ended, to destroy in ReapJobs.
   std::vector<std::pair<std::string, const AgentJob*>> done_
       ABSL_GUARDED_BY(mu_);
+  // Jobs that ended and that their next run replaced, to destroy in ReapJobs.
+  std::vector<std::shared_ptr<AgentJob>> replaced_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -28,6 +28,9 @@ struct AgentConfig {
   bool tune_partition_bytes = false;
   bool tune_credit_bytes = false;
   std::chrono::milliseconds op_timeout{60000};
+  // How long a job waits on this node for a trainer to attach in place of
+  // one that disconnected without detaching, before it ends here.
+  std::chrono::milliseconds trainer_restart_timeout{60000};
   // Data communicators per job (separate TCP connections, used in parallel).
   int data_channels = 4;
   std::chrono::milliseconds reconnect_max_backoff{2000};

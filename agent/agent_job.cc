@@ -113,6 +113,11 @@ void AgentJob::Post(std::function<void()> task) {
   doorbell_->Ring();
 }
 
+bool AgentJob::finished(int32_t local_rank) const {
+  absl::MutexLock lock(&mu_);
+  return finished_ranks_.contains(local_rank);
+}
+
 void AgentJob::Loop() {
   while (true) {
     // Taken before looking for work: a producer that publishes after the
@@ -133,8 +138,9 @@ void AgentJob::Loop() {
     OnTimer(now);
     if (!tasks.empty() || drained) continue;
     const absl::Time deadline = std::min(
-        next_report_,
-        membership_.failure_deadline().value_or(absl::InfiniteFuture()));
+        {next_report_,
+         membership_.failure_deadline().value_or(absl::InfiniteFuture()),
+         restart_deadline_.value_or(absl::InfiniteFuture())});
     // Clock is the wall clock: the wait is for the time left, bounded by
     // the report interval whatever a step of the system clock does.
     const absl::Duration left =
@@ -153,6 +159,16 @@ void AgentJob::Loop() {
 
 void AgentJob::OnTimer(absl::Time now) {
   membership_.OnTimer(now);
+  if (restart_deadline_ && now >= *restart_deadline_) {
+    restart_deadline_.reset();
+    LeaveAndEnd(absl::AbortedError(absl::StrCat(
+                    "no trainer attached to job \"", name_, "\" on node ",
+                    config_.node_name, " in place of the lost one within ",
+                    config_.trainer_restart_timeout.count(),
+                    " ms (the agent's --trainer_restart_timeout_ms); this "
+                    "node left the job: restart the job's trainers")),
+                /*finished=*/false);
+  }
   if (now >= next_report_) {
     SampleMetrics();
     reporter_.Send();
@@ -209,14 +225,21 @@ void AgentJob::HandleAttach(const std::shared_ptr<TrainerSink>& sink,
     return;
   }
   SampleMetrics();
-  if (trainers_.all_attached()) membership_.Join();
+  if (trainers_.all_attached()) {
+    restart_deadline_.reset();
+    membership_.Join();
+  }
 }
 
 void AgentJob::HandleDeclare(TrainerSink* sink, uint64_t seq,
                              const v1::DeclareRequest& request) {
   const int32_t rank = trainers_.RankOf(sink);
   if (rank < 0) return;
-  if (!trainers_.Declare(rank, seq, request)) return;
+  if (!trainers_.Declare(rank, seq, request, [this](int32_t index) {
+        return operations_.NextStep(index);
+      })) {
+    return;
+  }
   operations_.TensorsDeclared();
   membership_.SendManifest();
 }
@@ -240,6 +263,10 @@ void AgentJob::HandleDetach(TrainerSink* sink,
   }
   trainers_.Detach(rank);
   operations_.DropDeliveries(rank);
+  {
+    absl::MutexLock lock(&mu_);
+    finished_ranks_.insert(rank);
+  }
   const std::shared_ptr<TrainerSink> sink_of_rank =
       trainers_.trainer(rank).sink;
   if (trainers_.all_detached()) {
@@ -257,18 +284,39 @@ void AgentJob::HandleDetach(TrainerSink* sink,
 void AgentJob::HandleTrainerGone(TrainerSink* sink) {
   const int32_t rank = trainers_.RankOf(sink);
   if (rank < 0 || membership_.state() == JobMembership::State::kDone) return;
-  trainers_.Detach(rank);
   operations_.DropDeliveries(rank);
   const std::string reason = absl::StrCat(
       "trainer local rank ", rank, " (pid ", trainers_.trainer(rank).pid,
       ") of job \"", name_, "\" on node ", config_.node_name, " disconnected");
-  LOG(WARNING) << membership_.JobLogPrefix(rank) << reason
-               << "; this node leaves the job";
-  LeaveAndEnd(absl::AbortedError(
-                  absl::StrCat(reason,
-                               "; this node left the job: restart the job's "
-                               "trainers on this node")),
-              /*finished=*/false);
+  if (!membership_.membership()) {
+    // Never formed: nothing to go on with.
+    trainers_.Detach(rank);
+    LOG(WARNING) << membership_.JobLogPrefix(rank) << reason
+                 << "; this node leaves the job";
+    LeaveAndEnd(absl::AbortedError(
+                    absl::StrCat(reason,
+                                 "; this node left the job: restart the job's "
+                                 "trainers on this node")),
+                /*finished=*/false);
+    return;
+  }
+  // The job goes on once a trainer attaches again as this local rank (a
+  // restarted trainer); until then nothing can run, here or on the other
+  // nodes, which the generation's end tells.
+  LOG(WARNING) << membership_.JobLogPrefix(rank) << reason << "; waiting up to "
+               << config_.trainer_restart_timeout.count()
+               << " ms for a trainer to attach again as local rank " << rank;
+  const absl::Status status = absl::AbortedError(absl::StrCat(
+      reason, "; the job goes on once a trainer attaches again as local rank ",
+      rank, " of node ", config_.node_name, ": retry then"));
+  trainers_.Lose(rank);
+  membership_.LoseTrainer(status);
+  operations_.FailAll(status);
+  if (!restart_deadline_) {
+    restart_deadline_ =
+        clock_.Now() + absl::FromChrono(config_.trainer_restart_timeout);
+  }
+  SampleMetrics();
 }
 
 void AgentJob::LeaveAndEnd(const absl::Status& status, bool finished) {

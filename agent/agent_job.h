@@ -5,10 +5,12 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -59,6 +61,9 @@ class AgentJob {
   const std::string& name() const { return name_; }
   // True once the job ended on this node (it only waits to be destroyed).
   bool ended() const { return ended_.load(); }
+  // True once local rank `local_rank` detached as finished: its next attach
+  // under the name is for the name's next run. Thread-safe.
+  bool finished(int32_t local_rank) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Trainer requests. `sink` identifies the trainer's stream.
   void Attach(std::shared_ptr<TrainerSink> sink, uint64_t seq,
@@ -113,9 +118,11 @@ class AgentJob {
   Doorbell local_doorbell_;
   Doorbell* const doorbell_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Local ranks that detached as finished.
+  absl::flat_hash_set<int32_t> finished_ranks_ ABSL_GUARDED_BY(mu_);
 
   // Owned by the job thread (JobOperations::OpDone excepted, see there).
   JobTrainers trainers_;
@@ -123,6 +130,9 @@ class AgentJob {
   JobOperations operations_;
   StepReporter reporter_;
   absl::Time next_report_;
+  // While a lost local trainer's place waits for a trainer to attach again:
+  // when the job gives up on this node.
+  std::optional<absl::Time> restart_deadline_;
   bool done_reported_ = false;
   std::atomic<bool> ended_{false};
 

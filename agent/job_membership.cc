@@ -66,6 +66,19 @@ void JobMembership::Leave(const absl::Status& status, bool finished) {
   env_.coordinator->Send(std::move(message));
 }
 
+void JobMembership::LoseTrainer(const absl::Status& status) {
+  if (state_ == State::kAttaching || state_ == State::kDone) return;
+  Leave(status, /*finished=*/false);
+  if (membership_) aborted_[membership_->generation()] = status;
+  if (data_plane_) RetireDataPlane(status);
+  data_plane_failure_.reset();
+  data_plane_stopped_.reset();
+  auto held = std::move(held_failures_);
+  held_failures_.clear();
+  for (auto& [id, failure] : held) callbacks_.release_held(id, status);
+  state_ = State::kAttaching;
+}
+
 void JobMembership::End(const absl::Status& status) {
   state_ = State::kDone;
   if (data_plane_) RetireDataPlane(status);
@@ -90,6 +103,10 @@ void JobMembership::HandleCoordinatorMessage(const v1::CoordinatorMessage& m) {
     return;
   }
   if (state_ == State::kDone) return;
+  if (m.has_join_accepted() && m.reply_to() == join_seq_) {
+    join_accepted_ = true;
+  }
+  if (!membership_ && !join_accepted_ && !m.has_error()) return;
   switch (m.body_case()) {
     case v1::CoordinatorMessage::kJoinAccepted:
       VLOG(1) << JobLogPrefix() << "joined, "

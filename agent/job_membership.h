@@ -102,6 +102,12 @@ class JobMembership {
   // The job ended on this node: its data plane is aborted with `status`,
   // held failures are dropped (the caller fails every operation).
   void End(const absl::Status& status);
+  // A local trainer is gone without detaching: this node leaves the
+  // generation (the other nodes' operations fail, ABORTED, and the job
+  // re-forms), aborts its data plane and held failures with `status`, and
+  // waits for every local rank again (kAttaching; Join once they are).
+  // The caller fails every operation.
+  void LoseTrainer(const absl::Status& status);
   // The held failures' grace period, and retired data planes that finished.
   void OnTimer(absl::Time now);
   // When the held failures are reported if no lost node is named first;
@@ -180,6 +186,10 @@ class JobMembership {
   State state_ = State::kAttaching;
   int32_t manifest_sent_ = 0;
   uint64_t join_seq_ = 0;
+  // The coordinator accepted a join of this job: before that, and before
+  // the first membership, coordinator messages for the name are the
+  // previous run's (this job is the name's next run on this node).
+  bool join_accepted_ = false;
   uint64_t manifest_seq_ = 0;
   uint64_t rejoin_seq_ = 0;
   std::optional<v1::Membership> membership_;

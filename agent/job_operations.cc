@@ -122,9 +122,11 @@ void JobOperations::Enqueue(int32_t rank, const TensorEnqueue& enqueue) {
   using State = JobMembership::State;
   const State state = membership_.state();
   if (membership_.membership() &&
-      (state == State::kReforming || state == State::kJoining)) {
-    // Between generations nothing can run: say so at once rather than hold
-    // the operation until a generation that may never come.
+      (state == State::kReforming || state == State::kJoining ||
+       state == State::kAttaching)) {
+    // Between generations, or while a lost local trainer is replaced,
+    // nothing can run: say so at once rather than hold the operation until
+    // a generation that may never come.
     const absl::Status* aborted =
         membership_.aborted(membership_.membership()->generation());
     return FailOp(rank, enqueue,
@@ -174,17 +176,6 @@ void JobOperations::Enqueue(int32_t rank, const TensorEnqueue& enqueue) {
     }
   }
   tensor.last_step[rank] = enqueue.step;
-  if (!tensor.first_enqueued[rank]) {
-    tensor.first_enqueued[rank] = true;
-    if (!tensor.unlinked &&
-        std::all_of(tensor.first_enqueued.begin(), tensor.first_enqueued.end(),
-                    [](bool b) { return b; })) {
-      // Every local trainer has mapped it: nothing is left behind if the
-      // agent is killed from now on.
-      SharedMemory::Unlink(tensor.memory.name()).IgnoreError();
-      tensor.unlinked = true;
-    }
-  }
   if (current == 0) {
     current = next_op_id.fetch_add(1);
     PendingOp& pending = ops_[current];
@@ -533,6 +524,16 @@ void JobOperations::FailAll(const absl::Status& status) {
     if (!pending.notified) ids.push_back(id);
   }
   for (uint64_t id : ids) FailNow(ops_.at(id), status);
+}
+
+int64_t JobOperations::NextStep(int32_t index) const {
+  if (index < static_cast<int32_t>(op_of_tensor_.size()) &&
+      op_of_tensor_[index] != 0) {
+    const PendingOp& pending = ops_.at(op_of_tensor_[index]);
+    if (pending.op == nullptr) return pending.step;
+  }
+  const std::vector<int64_t>& last = trainers_.tensor(index).last_step;
+  return *std::max_element(last.begin(), last.end()) + 1;
 }
 
 absl::flat_hash_map<uint32_t, JobOperations::Latency>

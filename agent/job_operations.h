@@ -113,8 +113,13 @@ class JobOperations {
   void FailGeneration(int64_t generation, const absl::Status& status,
                       bool only_waiting = false)
       ABSL_LOCKS_EXCLUDED(deliveries_mu_);
-  // Fails every operation now (FailNow): the job ended.
+  // Fails every operation now (FailNow): the job ended, or a local trainer
+  // is gone.
   void FailAll(const absl::Status& status) ABSL_LOCKS_EXCLUDED(deliveries_mu_);
+  // The step the local ranks are at on tensor `index`: that of the
+  // operation waiting for more of them, else the one after the last
+  // enqueued (a failed step counts as not enqueued).
+  int64_t NextStep(int32_t index) const;
   // Local rank `rank` detached or is gone: it is told nothing more.
   void DropDeliveries(int32_t rank) ABSL_LOCKS_EXCLUDED(deliveries_mu_);
 

@@ -34,7 +34,7 @@ JobTrainers::JobTrainers(std::string job, const AgentConfig& config,
 
 JobTrainers::~JobTrainers() {
   for (auto& tensor : tensors_) {
-    if (tensor && !tensor->unlinked) {
+    if (tensor && !tensor->on_device()) {
       SharedMemory::Unlink(tensor->memory.name()).IgnoreError();
     }
   }
@@ -153,7 +153,8 @@ bool JobTrainers::all_attached() const {
 }
 
 bool JobTrainers::Declare(int32_t rank, uint64_t seq,
-                          const v1::DeclareRequest& request) {
+                          const v1::DeclareRequest& request,
+                          absl::FunctionRef<int64_t(int32_t index)> next_step) {
   Trainer& trainer = trainers_[rank];
   // All or nothing: every declaration is checked, and every new tensor's
   // shared memory created (every CUDA buffer opened), before any is
@@ -248,10 +249,14 @@ bool JobTrainers::Declare(int32_t rank, uint64_t seq,
   for (int i = 0; i < request.tensors_size(); ++i) {
     const int32_t index = first + i;
     LocalTensor& tensor = *tensors_[index];
+    // Before this rank counts as declaring it: the other ranks' step.
+    const int64_t step = next_step(index);
+    tensor.last_step[rank] = step - 1;
     ++tensor.declared_by;
     ++trainer.declared;
     v1::DeclaredTensor* out = declared->add_tensors();
     out->set_index(index);
+    out->set_next_step(step);
     out->set_name(tensor.spec.name());
     out->set_size_bytes(tensor.size_bytes);
     if (tensor.on_device()) {
@@ -353,6 +358,20 @@ absl::Status JobTrainers::OpenCudaBuffer(
 }
 
 void JobTrainers::Detach(int32_t rank) { trainers_[rank].detached = true; }
+
+void JobTrainers::Lose(int32_t rank) {
+  Trainer& trainer = trainers_[rank];
+  if (!trainer.sink) return;
+  for (int32_t i = 0; i < trainer.declared; ++i) --tensors_[i]->declared_by;
+  if (trainer.mapping != nullptr) {
+    SharedMemory::Unlink(trainer.mapping->memory.name()).IgnoreError();
+  }
+  // Its progress stays: the node's completed step never goes back.
+  const int64_t completed = trainer.completed_step;
+  trainer = Trainer();
+  trainer.completed_step = completed;
+  --attached_;
+}
 
 bool JobTrainers::all_detached() const {
   const bool all = std::all_of(trainers_.begin(), trainers_.end(),

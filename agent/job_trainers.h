@@ -66,10 +66,17 @@ class JobTrainers {
   bool all_attached() const;
   // Declares local rank `rank`'s tensors, all or nothing, and answers it:
   // `declared`, or an error that says nothing was declared. True when
-  // declared.
-  bool Declare(int32_t rank, uint64_t seq, const v1::DeclareRequest& request);
-  // Local rank `rank` detached or is gone: it is told nothing more.
+  // declared. `next_step(index)`: the step the other local ranks are at on
+  // a tensor declared before (a trainer that replaces a lost one joins
+  // them there).
+  bool Declare(int32_t rank, uint64_t seq, const v1::DeclareRequest& request,
+               absl::FunctionRef<int64_t(int32_t index)> next_step);
+  // Local rank `rank` detached: it is told nothing more.
   void Detach(int32_t rank);
+  // Local rank `rank`'s trainer is gone without detaching: its place is
+  // free for a trainer that attaches again as `rank` (and declares the same
+  // tensors in the same order). Its channel's name is removed.
+  void Lose(int32_t rank);
   // Every local rank attached and detached since.
   bool all_detached() const;
   // Closes, with `status`, every stream that did not detach.

@@ -37,12 +37,10 @@ absl::StatusOr<std::unique_ptr<LocalTensor>> LocalTensor::Create(
   auto tensor = std::make_unique<LocalTensor>();
   tensor->spec = spec;
   tensor->size_bytes = TensorSizeBytes(spec);
-  tensor->first_enqueued.assign(local_size, false);
   tensor->last_step.assign(local_size, -1);
   if (tensor->on_device()) {
     tensor->device_buffers.resize(local_size);
     tensor->ready_events.resize(local_size);
-    tensor->unlinked = true;  // nothing to unlink
     return tensor;
   }
   const int64_t region = AlignUp(std::max<int64_t>(tensor->size_bytes, 1));

@@ -17,8 +17,11 @@ namespace baton::agent {
 // A tensor declared by every local trainer of a job on this node, with the
 // memory its bytes live in. A host tensor has shared memory: one input
 // region per local trainer and one output region, starting on 4 KiB
-// boundaries. A CUDA tensor has each trainer's buffer, opened through CUDA
-// IPC, and its ready event; the hierarchical path stages it in `stage`.
+// boundaries. Its name stays while the job runs here, so that a trainer
+// attaching in place of a lost one can map it (a killed agent's names are
+// removed when the next agent starts: SharedMemory::RemoveOrphans). A CUDA
+// tensor has each trainer's buffer, opened through CUDA IPC, and its ready
+// event; the hierarchical path stages it in `stage`.
 struct LocalTensor {
   v1::TensorSpec spec;
   int64_t size_bytes = 0;
@@ -37,11 +40,8 @@ struct LocalTensor {
   // Set when the coordinator reported that nodes declared it differently:
   // every enqueue of it fails with this.
   absl::Status mismatch;
-  // Local ranks that enqueued it once (the name is removed when all did).
-  std::vector<bool> first_enqueued;
   // Last step each local rank enqueued; -1 before the first.
   std::vector<int64_t> last_step;
-  bool unlinked = false;
 
   bool on_device() const { return spec.memory() == v1::MEMORY_KIND_CUDA; }
 

@@ -54,6 +54,11 @@ DEFINE_bool(partition_tuning, true,
             "node's own collective timings, agreed by every node");
 DEFINE_int64(op_timeout_ms, 60000,
              "Bound on every collective and on connecting the data plane");
+DEFINE_int64(trainer_restart_timeout_ms, 60000,
+             "How long a job waits for a trainer to attach again in place of "
+             "one that disconnected without detaching (killed, crashed); the "
+             "node leaves the job's generation meanwhile and ends the job "
+             "here when none comes");
 DEFINE_int32(data_channels, 4,
              "Data communicators per job (separate TCP connections used in "
              "parallel)");
@@ -137,6 +142,7 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
   } positive[] = {
       {"credit_bytes", FLAGS_credit_bytes},
       {"op_timeout_ms", FLAGS_op_timeout_ms},
+      {"trainer_restart_timeout_ms", FLAGS_trainer_restart_timeout_ms},
       {"data_channels", FLAGS_data_channels},
       {"reconnect_max_backoff_ms", FLAGS_reconnect_max_backoff_ms},
   };
@@ -165,6 +171,8 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
       FLAGS_partition_tuning &&
       gflags::GetCommandLineFlagInfoOrDie("credit_bytes").is_default;
   config.op_timeout = std::chrono::milliseconds(FLAGS_op_timeout_ms);
+  config.trainer_restart_timeout =
+      std::chrono::milliseconds(FLAGS_trainer_restart_timeout_ms);
   config.data_channels = FLAGS_data_channels;
   config.reconnect_max_backoff =
       std::chrono::milliseconds(FLAGS_reconnect_max_backoff_ms);

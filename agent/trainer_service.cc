@@ -113,7 +113,8 @@ class TrainerReactor final
             "the first TrainerRequest of a session must be attach"));
         return;
       }
-      auto job = find_job_(request_.attach().job());
+      auto job =
+          find_job_(request_.attach().job(), request_.attach().local_rank());
       if (!job.ok()) {
         Close(job.status());
         return;

@@ -16,10 +16,10 @@ class AgentJob;
 // through the stream's TrainerSink (one write in flight, the rest queued).
 class TrainerService final : public v1::TrainerService::CallbackService {
  public:
-  // Finds or creates the job a trainer attaches to; errors (a bad job name)
-  // end the stream.
+  // Finds or creates the job a trainer attaches to as `local_rank`; errors
+  // (a bad job name) end the stream.
   using JobFinder = std::function<absl::StatusOr<std::shared_ptr<AgentJob>>(
-      const std::string& job)>;
+      const std::string& job, int32_t local_rank)>;
 
   explicit TrainerService(JobFinder find_job)
       : find_job_(std::move(find_job)) {}

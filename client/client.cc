@@ -653,7 +653,7 @@ absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
             "baton-agent"));
       }
       tensors.push_back(std::make_shared<Tensor>(
-          d.index(), spec, d.size_bytes(), nullptr, 0, 0));
+          d.index(), spec, d.size_bytes(), nullptr, 0, 0, d.next_step()));
       continue;
     }
     absl::StatusOr<SharedMemory> memory =
@@ -664,9 +664,9 @@ absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
       absl::MutexLock lock(&impl_->mu_);
       impl_->mappings_.push_back(std::move(*memory));
     }
-    tensors.push_back(std::make_shared<Tensor>(d.index(), spec, d.size_bytes(),
-                                               base, d.input_offset(),
-                                               d.output_offset()));
+    tensors.push_back(std::make_shared<Tensor>(
+        d.index(), spec, d.size_bytes(), base, d.input_offset(),
+        d.output_offset(), d.next_step()));
   }
   return tensors;
 }

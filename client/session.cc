@@ -199,7 +199,9 @@ class Session::Impl {
     for (std::shared_ptr<Tensor>& tensor : *declared) {
       const std::string name = tensor->spec().name();
       cuda_buffers_.erase(name);
-      next_step_.erase(name);
+      // 0, except where this trainer replaces a lost one and joins the
+      // others at their step.
+      next_step_[name] = tensor->next_step();
       tensors_[name] = std::move(tensor);
     }
     for (const v1::CudaBuffer& buffer : fresh_buffers) {
@@ -373,6 +375,7 @@ class Session::Impl {
     operation->delivered = true;
     operation->outcome = status;
     Retire(operation);
+    if (!status.ok()) Rewind(*operation);
     return status;
   }
 
@@ -463,6 +466,21 @@ class Session::Impl {
         ") is in flight: synchronize that one first (a name may change its "
         "dtype, shape, collective or memory between operations, not during "
         "one)"));
+  }
+
+  // A failed operation's step is the name's next one again (the agent takes
+  // a failed step again), so every rank that retries stays in step however
+  // often its attempts fail before the job is whole again.
+  void Rewind(const Operation& operation) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto tensor = tensors_.find(operation.name);
+    auto step = next_step_.find(operation.name);
+    if (tensor == tensors_.end() || tensor->second != operation.tensor ||
+        step == next_step_.end() ||
+        step->second != operation.handle->step() + 1) {
+      return;  // declared anew, or started again, meanwhile
+    }
+    step->second = operation.handle->step();
   }
 
   void Retire(const OperationHandle& operation) ABSL_LOCKS_EXCLUDED(mu_) {

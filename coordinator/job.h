@@ -102,6 +102,8 @@ struct JobManager::Job {
   }
   // Some member left with finished=true: the others are leaving too.
   bool finishing = false;
+  // Joins of members that finished, for the name's next run (in order).
+  std::vector<JobManager::HeldJoin> held_joins;
   std::deque<v1::JobEvent> events;
   // Members lost (session ended or silent, left unfinished, not back after
   // a coordinator restart) since the job was created; for the metrics.

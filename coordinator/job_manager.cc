@@ -183,6 +183,18 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
   }
 
   if (Member* existing = FindMember(*job, session.node_name)) {
+    if (existing->finished) {
+      // The node finished this run and starts the next (its trainers shut
+      // down and initialized again) while other nodes still finish this
+      // one: it joins the next run once this one ended, as a new member.
+      job->held_joins.push_back({session.id, seq, join});
+      Event(*job, "join held",
+            absl::StrCat("node ", session.node_name,
+                         " finished this run and joins the next once every "
+                         "node finished it"),
+            session.node_name);
+      return absl::OkStatus();
+    }
     if (existing->agent_instance != session.agent_instance) {
       return absl::AlreadyExistsError(absl::StrCat(
           "node name \"", session.node_name, "\" is already a member of job \"",
@@ -276,15 +288,20 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
 }
 
 void JobManager::Seal(Job& job) {
-  // Members sealed before keep their relative order; newcomers follow in
-  // join order. std::stable_sort keeps join order among the unranked.
-  std::stable_sort(job.members.begin(), job.members.end(),
-                   [](const Member& a, const Member& b) {
-                     const auto key = [](const Member& m) {
-                       return m.node_rank < 0 ? kMaxNodes : m.node_rank;
-                     };
-                     return key(a) < key(b);
-                   });
+  // Members sealed before keep their rank; a node that was in the name's
+  // last sealed generation (it left and came back, or this is the name's
+  // next run) takes its rank from there; other newcomers follow in join
+  // order (std::stable_sort keeps it among equal keys).
+  const absl::flat_hash_map<std::string, int32_t>& last =
+      last_node_ranks_[job.name];
+  const auto key = [&last](const Member& m) {
+    if (m.node_rank >= 0) return m.node_rank;
+    auto it = last.find(m.node_name);
+    return it == last.end() ? kMaxNodes : it->second;
+  };
+  std::stable_sort(
+      job.members.begin(), job.members.end(),
+      [&key](const Member& a, const Member& b) { return key(a) < key(b); });
   job.Reindex();
   v1::Membership membership;
   membership.set_job(job.name);
@@ -305,6 +322,11 @@ void JobManager::Seal(Job& job) {
     node->set_rank_offset(member.rank_offset);
   }
   membership.set_world_size(offset);
+  absl::flat_hash_map<std::string, int32_t>& ranks = last_node_ranks_[job.name];
+  ranks.clear();
+  for (const Member& member : job.members) {
+    ranks[member.node_name] = member.node_rank;
+  }
   job.SetMembership(membership);
   job.state = v1::JOB_STATE_RUNNING;
   job.reason = absl::StrCat("generation ", job.generation, " sealed with ",
@@ -426,6 +448,27 @@ void JobManager::EndJob(Job& job, v1::JobState state,
     member.connected = false;
   }
   listener_->OnJobEnded(job.name, reason);
+  for (HeldJoin& held : job.held_joins) {
+    released_joins_.push_back(std::move(held));
+  }
+  job.held_joins.clear();
+}
+
+void JobManager::JoinReleased() {
+  std::vector<HeldJoin> released;
+  released.swap(released_joins_);
+  for (const HeldJoin& held : released) {
+    Session* session = sessions_->Find(held.session);
+    if (session == nullptr) continue;  // its agent is gone
+    const absl::Status status = Join(*session, held.seq, held.join);
+    if (status.ok()) continue;
+    v1::CoordinatorMessage error;
+    error.set_reply_to(held.seq);
+    error.mutable_error()->set_code(static_cast<int32_t>(status.code()));
+    error.mutable_error()->set_message(std::string(status.message()));
+    error.mutable_error()->set_job(held.join.job());
+    sessions_->Send(held.session, Outbound(std::move(error)));
+  }
 }
 
 absl::Status JobManager::Leave(Session& session, const v1::LeaveJob& leave) {
@@ -435,6 +478,23 @@ absl::Status JobManager::Leave(Session& session, const v1::LeaveJob& leave) {
     return absl::NotFoundError(
         absl::StrCat("LeaveJob.job: job \"", leave.job(),
                      "\" is unknown to the coordinator"));
+  }
+  // A node whose join waits for the next run (its trainers gave up on it)
+  // leaves that.
+  auto& held = job->held_joins;
+  const auto held_end =
+      std::remove_if(held.begin(), held.end(), [&](const HeldJoin& h) {
+        const Session* other = sessions_->Find(h.session);
+        return h.session == session.id ||
+               (other != nullptr && other->node_name == session.node_name);
+      });
+  if (held_end != held.end()) {
+    held.erase(held_end, held.end());
+    Event(*job, "leave",
+          absl::StrCat("node ", session.node_name,
+                       " no longer joins the next run"),
+          session.node_name);
+    return absl::OkStatus();
   }
   Member* member = FindMember(*job, session.node_name);
   if (member == nullptr || member->session != session.id ||
@@ -449,6 +509,7 @@ absl::Status JobManager::Leave(Session& session, const v1::LeaveJob& leave) {
   if (!leave.finished() || job->state == v1::JOB_STATE_FORMING) {
     LoseMember(*job, session.node_name, absl::StrCat("left the job: ", reason));
     ResealIfWhole(leave.job());
+    JoinReleased();
     return absl::OkStatus();
   }
   member->finished = true;
@@ -465,6 +526,7 @@ absl::Status JobManager::Leave(Session& session, const v1::LeaveJob& leave) {
     EndJob(*job, v1::JOB_STATE_FINISHED,
            absl::StrCat("all ", job->members.size(), " nodes finished"));
   }
+  JoinReleased();
   return absl::OkStatus();
 }
 
@@ -502,6 +564,7 @@ void JobManager::OnSessionsLost(const std::vector<LostSession>& lost) {
     }
   }
   for (const std::string& name : affected) ResealIfWhole(name);
+  JoinReleased();
 }
 
 absl::Status JobManager::CheckCurrent(const std::string& job_name,
@@ -647,6 +710,7 @@ void JobManager::Tick() {
         break;
     }
   }
+  JoinReleased();
 }
 
 absl::Status JobManager::FillStatus(const std::string& job_name,

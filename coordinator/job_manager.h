@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "baton/v1/common.pb.h"
@@ -138,6 +139,17 @@ class JobManager {
   void SendToMember(const Member& member, const OutboundMessage& message);
   // Answers a join or rejoin (request `seq`) with the job's state.
   void SendJoinAccepted(const Job& job, SessionId session, uint64_t seq);
+  // Joins the held joins of runs that ended (EndJob releases them) to the
+  // name's next run. Called last by the handlers that can end a job, so no
+  // caller holds a Job the new run replaces.
+  void JoinReleased();
+
+  // A join of a node that finished the running run: it joins the next run.
+  struct HeldJoin {
+    SessionId session;
+    uint64_t seq = 0;
+    v1::JoinJob join;
+  };
 
   // Constant after construction.
   const CoordinatorOptions options_;
@@ -149,6 +161,11 @@ class JobManager {
   // Generation numbers continue across a job name's reuse, so messages of an
   // ended incarnation are always stale.
   absl::flat_hash_map<std::string, int64_t> last_generation_;
+  // Per job name, each node's rank in the name's last sealed generation.
+  absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, int32_t>>
+      last_node_ranks_;
+  // Held joins of runs that ended, for JoinReleased.
+  std::vector<HeldJoin> released_joins_;
 };
 
 }  // namespace baton::coordinator

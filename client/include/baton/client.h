@@ -109,14 +109,19 @@ class Tensor {
     return base_ == nullptr ? nullptr : base_ + output_offset_;
   }
 
+  // The step of this trainer's first operation on it (DeclaredTensor's
+  // next_step): 0, except in a trainer that attached in place of a lost one.
+  int64_t next_step() const { return next_step_; }
+
   Tensor(int32_t index, v1::TensorSpec spec, int64_t size_bytes, uint8_t* base,
-         int64_t input_offset, int64_t output_offset)
+         int64_t input_offset, int64_t output_offset, int64_t next_step = 0)
       : index_(index),
         spec_(std::move(spec)),
         size_bytes_(size_bytes),
         base_(base),
         input_offset_(input_offset),
-        output_offset_(output_offset) {}
+        output_offset_(output_offset),
+        next_step_(next_step) {}
 
  private:
   int32_t index_;
@@ -125,6 +130,7 @@ class Tensor {
   uint8_t* base_;
   int64_t input_offset_;
   int64_t output_offset_;
+  int64_t next_step_;
 };
 
 // A trainer's connection to its agent: attach, declare, enqueue, wait.

@@ -454,6 +454,68 @@ TEST_F(CoordinatorTest, JobFinishesWhenEveryNodeLeavesFinished) {
   EXPECT_THAT(status.state_reason(), HasSubstr("training finished"));
 }
 
+// shutdown() then init() on every trainer, the nodes at different times:
+// the node that finished first joins again while the other still runs the
+// run. Its join waits for the run's end instead of joining the run that
+// is finishing (which answered it with the old membership).
+TEST_F(CoordinatorTest, AFinishedNodeJoinsTheNamesNextRunOnceTheRunEnded) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 2, 2);
+  Join(b, "job", 2, 2);
+  v1::AgentMessage leave;
+  leave.mutable_leave()->set_job("job");
+  leave.mutable_leave()->set_generation(1);
+  leave.mutable_leave()->set_finished(true);
+  Send(a, leave);
+  Join(a, "job", 2, 2);
+  EXPECT_THAT(a.Received(v1::CoordinatorMessage::kJoinAccepted), SizeIs(1));
+  EXPECT_THAT(a.Received(v1::CoordinatorMessage::kMembership), SizeIs(1));
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+
+  Send(b, leave);
+  // The run finished; n0's held join started the next one.
+  v1::JobStatus status = Status("job");
+  EXPECT_EQ(status.state(), v1::JOB_STATE_FORMING);
+  ASSERT_THAT(a.Received(v1::CoordinatorMessage::kJoinAccepted), SizeIs(2));
+  Join(b, "job", 2, 2);
+  auto memberships = b.Received(v1::CoordinatorMessage::kMembership);
+  ASSERT_THAT(memberships, SizeIs(2));
+  const v1::Membership& next = memberships[1].membership();
+  EXPECT_EQ(next.generation(), 2);
+  // Each node keeps its rank although n1 joined the next run last.
+  ASSERT_EQ(next.nodes_size(), 2);
+  EXPECT_EQ(next.nodes(0).node_name(), "n0");
+  EXPECT_EQ(next.nodes(1).node_name(), "n1");
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+}
+
+// A node whose trainer was restarted leaves the generation and joins again:
+// it gets its rank back instead of the last one.
+TEST_F(CoordinatorTest, ANodeThatLeftAndJoinsAgainKeepsItsRank) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 2, 2);
+  Join(b, "job", 2, 2);
+  v1::AgentMessage leave;
+  leave.mutable_leave()->set_job("job");
+  leave.mutable_leave()->set_generation(1);
+  leave.mutable_leave()->set_reason("trainer local rank 1 disconnected");
+  Send(a, leave);
+  auto notices = b.Received(v1::CoordinatorMessage::kGenerationAborted);
+  ASSERT_THAT(notices, SizeIs(1));
+  EXPECT_THAT(notices[0].generation_aborted().reason(),
+              HasSubstr("trainer local rank 1 disconnected"));
+  Join(a, "job", 2, 2);
+  auto memberships = b.Received(v1::CoordinatorMessage::kMembership);
+  ASSERT_THAT(memberships, SizeIs(2));
+  const v1::Membership& m = memberships[1].membership();
+  EXPECT_EQ(m.generation(), 2);
+  ASSERT_EQ(m.nodes_size(), 2);
+  EXPECT_EQ(m.nodes(0).node_name(), "n0");
+  EXPECT_EQ(m.nodes(0).rank_offset(), 0);
+  EXPECT_EQ(m.nodes(1).node_name(), "n1");
+  EXPECT_EQ(m.nodes(1).rank_offset(), 2);
+}
+
 TEST_F(CoordinatorTest, TwoJobsAreIsolated) {
   Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n0-other");
   Join(a, "alpha", 1, 2);
