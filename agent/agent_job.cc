@@ -259,7 +259,20 @@ void AgentJob::HandleDetach(TrainerSink* sink,
               << " detached (" << request.reason() << ")";
   }
   if (!request.finished()) {
-    return HandleTrainerGone(sink);
+    // A trainer that gives up with work unfinished (an error, Ctrl-C) says
+    // so: no restart of it is coming, so this node leaves the job at once
+    // and the other nodes hear it, instead of waiting for a trainer that
+    // will not come back. Only a trainer that vanished without a word (a
+    // kill) is waited for (HandleTrainerGone).
+    if (membership_.state() == JobMembership::State::kDone) return;
+    operations_.DropDeliveries(rank);
+    return LeaveForTrainer(
+        rank,
+        absl::StrCat(
+            "trainer local rank ", rank, " (pid ", trainers_.trainer(rank).pid,
+            ") of job \"", name_, "\" on node ", config_.node_name,
+            " left with work unfinished", request.reason().empty() ? "" : " (",
+            request.reason(), request.reason().empty() ? "" : ")"));
   }
   trainers_.Detach(rank);
   operations_.DropDeliveries(rank);
@@ -290,15 +303,7 @@ void AgentJob::HandleTrainerGone(TrainerSink* sink) {
       ") of job \"", name_, "\" on node ", config_.node_name, " disconnected");
   if (!membership_.membership()) {
     // Never formed: nothing to go on with.
-    trainers_.Detach(rank);
-    LOG(WARNING) << membership_.JobLogPrefix(rank) << reason
-                 << "; this node leaves the job";
-    LeaveAndEnd(absl::AbortedError(
-                    absl::StrCat(reason,
-                                 "; this node left the job: restart the job's "
-                                 "trainers on this node")),
-                /*finished=*/false);
-    return;
+    return LeaveForTrainer(rank, reason);
   }
   // The job goes on once a trainer attaches again as this local rank (a
   // restarted trainer); until then nothing can run, here or on the other
@@ -317,6 +322,17 @@ void AgentJob::HandleTrainerGone(TrainerSink* sink) {
         clock_.Now() + absl::FromChrono(config_.trainer_restart_timeout);
   }
   SampleMetrics();
+}
+
+void AgentJob::LeaveForTrainer(int32_t rank, const std::string& reason) {
+  trainers_.Detach(rank);
+  LOG(WARNING) << membership_.JobLogPrefix(rank) << reason
+               << "; this node leaves the job";
+  LeaveAndEnd(absl::AbortedError(absl::StrCat(
+                  reason,
+                  "; this node left the job: restart the job's trainers on "
+                  "this node")),
+              /*finished=*/false);
 }
 
 void AgentJob::LeaveAndEnd(const absl::Status& status, bool finished) {

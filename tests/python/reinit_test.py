@@ -45,7 +45,7 @@ def run_round(round_, first_rank):
         # A name used in every run, and one new to this run.
         for name in ("reinit.x", "reinit.round%d" % round_):
             t = torch.arange(6, dtype=torch.float64) * (rank + 1) + step + round_
-            bt.push_pull(t, average=False, name=name)
+            bt.push_pull_inplace(t, average=False, name=name)
             want = torch.arange(6, dtype=torch.float64) * 10 + 4 * (step + round_)
             assert torch.equal(t, want), (round_, step, name, t)
     root = round_ % size
@@ -54,7 +54,7 @@ def run_round(round_, first_rank):
     assert torch.equal(b, torch.full((3,), float(root * 100 + round_))), (round_, b)
     # Unnamed: matched by dtype, shape and order.
     m = torch.tensor([float(rank)])
-    bt.push_pull(m, average=True)
+    bt.push_pull_inplace(m, average=True)
     assert m.item() == 1.5, m
     time.sleep(leave_delay(round_, rank))
     bt.shutdown()

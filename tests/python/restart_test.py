@@ -74,7 +74,7 @@ def train():
             step = agree(step)
             while step < STEPS:
                 x = torch.arange(6, dtype=torch.float64) * (rank + 1) + step
-                bt.synchronize(bt.push_pull_async(x, average=False, name="restart.x"), timeout=SYNC_TIMEOUT)
+                bt.synchronize(bt.push_pull_async_inplace(x, average=False, name="restart.x"), timeout=SYNC_TIMEOUT)
                 assert torch.equal(x, expected(step)), (step, x)
                 done.append(step)
                 if life == 1 and step == KILL_AT:

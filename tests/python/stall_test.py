@@ -74,8 +74,8 @@ def _section(text, title):
 
 
 def _run_step(a, b):
-    bt.push_pull(a, average=False, name="stall.a")
-    bt.push_pull(b, average=False, name="stall.b")
+    bt.push_pull_inplace(a, average=False, name="stall.a")
+    bt.push_pull_inplace(b, average=False, name="stall.b")
 
 
 def test_a_rank_holding_back_a_tensor_is_the_stall_and_the_lagging_rank():
@@ -88,15 +88,15 @@ def test_a_rank_holding_back_a_tensor_is_the_stall_and_the_lagging_rank():
     # stall.b, which every other rank has submitted.
     a.fill_(1.0)
     b.fill_(float(bt.rank() + 1))
-    bt.push_pull(a, average=False, name="stall.a")
+    bt.push_pull_inplace(a, average=False, name="stall.a")
     if bt.rank() == _holder():
         deadline = time.monotonic() + 2 * STATUS_BOUND_S
         while not os.path.exists(_release_file()):
             assert time.monotonic() < deadline, "rank 0 never released the held tensor"
             time.sleep(0.1)
-        bt.push_pull(b, average=False, name="stall.b")
+        bt.push_pull_inplace(b, average=False, name="stall.b")
     else:
-        handle = bt.push_pull_async(b, average=False, name="stall.b")
+        handle = bt.push_pull_async_inplace(b, average=False, name="stall.b")
         if bt.rank() == 0:
             stall = "  tensor stall.b, step %d: waiting for ranks {%d} on nodes {%s}" % (
                 STALLED_STEP,

@@ -341,7 +341,10 @@ TEST_F(SessionTest, MisuseIsRefusedNamingTheTensorAndWhatToDo) {
 // name is in flight is refused, and that refusal changes nothing.
 TEST_F(SessionTest, ANameIsDeclaredAnewOnceNothingOfItIsInFlight) {
   ASSERT_NO_FATAL_FAILURE(StartJob("names", 2, 1));
-  OnEveryRank([](size_t rank, Session& session) {
+  OnEveryRank([](size_t, Session& session) {
+    // The job's rank, not the session's index: nodes get their ranks in the
+    // order they join, and the broadcast below is from rank 1.
+    const int rank = session.rank();
     const float r = static_cast<float>(rank);
     std::vector<float> x = {r, r + 1, r + 2, r + 3};
     ASSERT_TRUE(session.PushPull("x", BufferOf(x, {2, 2}), false).ok());

@@ -125,7 +125,7 @@ class DDPCommHookState:
             future = torch.futures.Future(devices=[buffer.device])
         else:
             future = torch.futures.Future()
-        handle = _bt._push_pull_async_to(buffer, buffer, name)
+        handle = _bt.push_pull_async_inplace(buffer, average=True, name=name)
         _completions.add(handle, future, name)
         # A Python future keeps set_exception's error as its value and
         # raises it only in Python; DDP reads it from C++ ("Unable to cast
