@@ -93,6 +93,19 @@ class CoordinatorTest : public ::testing::Test {
     Send(agent, message);
   }
 
+  // `agent` leaves generation `generation` of `job`: finished, or for
+  // `reason` (a failure) when that is not empty.
+  void Leave(Agent& agent, const std::string& job, int64_t generation,
+             const std::string& reason = "") {
+    v1::AgentMessage message;
+    auto* leave = message.mutable_leave();
+    leave->set_job(job);
+    leave->set_generation(generation);
+    leave->set_finished(reason.empty());
+    leave->set_reason(reason);
+    Send(agent, message);
+  }
+
   // Connects nodes n0, n1, ... with local_sizes[k] trainers on node k and
   // joins each to `job`, which expects them all.
   std::vector<Agent> JoinNodes(const std::string& job,

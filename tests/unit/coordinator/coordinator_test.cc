@@ -441,11 +441,7 @@ TEST_F(CoordinatorTest, JobFinishesWhenEveryNodeLeavesFinished) {
   Agent a = Connect("n0"), b = Connect("n1");
   Join(a, "job", 1, 2);
   Join(b, "job", 1, 2);
-  v1::AgentMessage leave;
-  leave.mutable_leave()->set_job("job");
-  leave.mutable_leave()->set_generation(1);
-  leave.mutable_leave()->set_finished(true);
-  Send(a, leave);
+  Leave(a, "job", 1);
   EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
   // The other node's agent exits without leaving: still a clean finish.
   coordinator_->OnSessionClosed(b.id, "the agent closed its stream");
@@ -462,17 +458,13 @@ TEST_F(CoordinatorTest, AFinishedNodeJoinsTheNamesNextRunOnceTheRunEnded) {
   Agent a = Connect("n0"), b = Connect("n1");
   Join(a, "job", 2, 2);
   Join(b, "job", 2, 2);
-  v1::AgentMessage leave;
-  leave.mutable_leave()->set_job("job");
-  leave.mutable_leave()->set_generation(1);
-  leave.mutable_leave()->set_finished(true);
-  Send(a, leave);
+  Leave(a, "job", 1);
   Join(a, "job", 2, 2);
   EXPECT_THAT(a.Received(v1::CoordinatorMessage::kJoinAccepted), SizeIs(1));
   EXPECT_THAT(a.Received(v1::CoordinatorMessage::kMembership), SizeIs(1));
   EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
 
-  Send(b, leave);
+  Leave(b, "job", 1);
   // The run finished; n0's held join started the next one.
   v1::JobStatus status = Status("job");
   EXPECT_EQ(status.state(), v1::JOB_STATE_FORMING);
@@ -495,11 +487,7 @@ TEST_F(CoordinatorTest, ANodeThatLeftAndJoinsAgainKeepsItsRank) {
   Agent a = Connect("n0"), b = Connect("n1");
   Join(a, "job", 2, 2);
   Join(b, "job", 2, 2);
-  v1::AgentMessage leave;
-  leave.mutable_leave()->set_job("job");
-  leave.mutable_leave()->set_generation(1);
-  leave.mutable_leave()->set_reason("trainer local rank 1 disconnected");
-  Send(a, leave);
+  Leave(a, "job", 1, "trainer local rank 1 disconnected");
   auto notices = b.Received(v1::CoordinatorMessage::kGenerationAborted);
   ASSERT_THAT(notices, SizeIs(1));
   EXPECT_THAT(notices[0].generation_aborted().reason(),
