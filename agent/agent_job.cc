@@ -266,13 +266,12 @@ void AgentJob::HandleDetach(TrainerSink* sink,
     // kill) is waited for (HandleTrainerGone).
     if (membership_.state() == JobMembership::State::kDone) return;
     operations_.DropDeliveries(rank);
-    return LeaveForTrainer(
-        rank,
-        absl::StrCat(
-            "trainer local rank ", rank, " (pid ", trainers_.trainer(rank).pid,
-            ") of job \"", name_, "\" on node ", config_.node_name,
-            " left with work unfinished", request.reason().empty() ? "" : " (",
-            request.reason(), request.reason().empty() ? "" : ")"));
+    std::string reason =
+        absl::StrCat(TrainerText(rank), " left with work unfinished");
+    if (!request.reason().empty()) {
+      absl::StrAppend(&reason, " (", request.reason(), ")");
+    }
+    return LeaveForTrainer(rank, reason);
   }
   trainers_.Detach(rank);
   operations_.DropDeliveries(rank);
@@ -298,9 +297,7 @@ void AgentJob::HandleTrainerGone(TrainerSink* sink) {
   const int32_t rank = trainers_.RankOf(sink);
   if (rank < 0 || membership_.state() == JobMembership::State::kDone) return;
   operations_.DropDeliveries(rank);
-  const std::string reason = absl::StrCat(
-      "trainer local rank ", rank, " (pid ", trainers_.trainer(rank).pid,
-      ") of job \"", name_, "\" on node ", config_.node_name, " disconnected");
+  const std::string reason = absl::StrCat(TrainerText(rank), " disconnected");
   if (!membership_.membership()) {
     // Never formed: nothing to go on with.
     return LeaveForTrainer(rank, reason);
@@ -322,6 +319,12 @@ void AgentJob::HandleTrainerGone(TrainerSink* sink) {
         clock_.Now() + absl::FromChrono(config_.trainer_restart_timeout);
   }
   SampleMetrics();
+}
+
+std::string AgentJob::TrainerText(int32_t rank) const {
+  return absl::StrCat("trainer local rank ", rank, " (pid ",
+                      trainers_.trainer(rank).pid, ") of job \"", name_,
+                      "\" on node ", config_.node_name);
 }
 
 void AgentJob::LeaveForTrainer(int32_t rank, const std::string& reason) {

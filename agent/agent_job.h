@@ -99,6 +99,8 @@ class AgentJob {
   // Ends the job on this node: fails every operation, closes every stream.
   void End(const absl::Status& status);
   void LeaveAndEnd(const absl::Status& status, bool finished);
+  // "trainer local rank r (pid p) of job "j" on node n", for messages.
+  std::string TrainerText(int32_t rank) const;
   // Local rank `rank` is gone for good (`reason`): the node leaves the job.
   void LeaveForTrainer(int32_t rank, const std::string& reason);
   // Samples the gauges of env_.metrics: data plane and trainers.
