@@ -1,7 +1,8 @@
 """Which exception means what (docs/api.md, Errors), on every rank of a job
 started by batonrun (tests/python/CMakeLists.txt): a misuse raises
-ValueError on the rank that made it, at once, and the other ranks go on; a
-failure of the job raises BatonError."""
+ValueError on the rank that made it, at once, and the other ranks go on. That
+a failure of the job raises BatonError, even with a code a refused call could
+have, is collectives_test's test_nodes_disagreeing_fail_the_operation_on_every_rank_naming_both."""
 
 import os
 import subprocess
@@ -83,22 +84,6 @@ def test_misuses_are_value_errors():
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=dict(os.environ)
     )
     assert "ValueError: baton is not initialized" in out.stdout, (out.stdout, out.stderr)
-
-
-def test_a_failed_operation_is_a_baton_error_whatever_its_code():
-    """The nodes disagree on average: the job fails the operation on every
-    rank, which is not a refused call even when its code is one a refused
-    call could have."""
-    t = torch.ones(2)
-    first_node = bt.rank() < bt.local_size()
-    try:
-        bt.push_pull(t, average=not first_node, name="classify.disagree")
-    except ValueError as e:
-        raise AssertionError("a failure of the job raised ValueError: %s" % e)
-    except baton.BatonError as e:
-        assert "classify.disagree" in str(e), str(e)
-    else:
-        raise AssertionError("nodes disagreeing on average were not reported")
 
 
 if __name__ == "__main__":

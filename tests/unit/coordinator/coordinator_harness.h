@@ -32,6 +32,13 @@ class RecordingChannel : public AgentChannel {
   absl::Status close_status;
 };
 
+// The membership's node names, in rank order.
+inline std::vector<std::string> NodeNames(const v1::Membership& membership) {
+  std::vector<std::string> names;
+  for (const auto& node : membership.nodes()) names.push_back(node.node_name());
+  return names;
+}
+
 struct Agent {
   std::string node;
   SessionId id;

@@ -15,6 +15,7 @@
 namespace baton::coordinator {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::SizeIs;
 
@@ -204,9 +205,7 @@ TEST_F(CoordinatorTest, ClosedSessionIsLostAtOnceAndReplacementReseals) {
   ASSERT_THAT(memberships, SizeIs(2));
   const v1::Membership& m = memberships[1].membership();
   EXPECT_EQ(m.generation(), 2);
-  ASSERT_EQ(m.nodes_size(), 2);
-  EXPECT_EQ(m.nodes(0).node_name(), "n0");
-  EXPECT_EQ(m.nodes(1).node_name(), "n9");
+  EXPECT_THAT(NodeNames(m), ElementsAre("n0", "n9"));
   EXPECT_EQ(m.store_prefix(), "baton/job/2/");
   EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
 }
@@ -475,9 +474,7 @@ TEST_F(CoordinatorTest, AFinishedNodeJoinsTheNamesNextRunOnceTheRunEnded) {
   const v1::Membership& next = memberships[1].membership();
   EXPECT_EQ(next.generation(), 2);
   // Each node keeps its rank although n1 joined the next run last.
-  ASSERT_EQ(next.nodes_size(), 2);
-  EXPECT_EQ(next.nodes(0).node_name(), "n0");
-  EXPECT_EQ(next.nodes(1).node_name(), "n1");
+  EXPECT_THAT(NodeNames(next), ElementsAre("n0", "n1"));
   EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
 }
 
@@ -497,10 +494,8 @@ TEST_F(CoordinatorTest, ANodeThatLeftAndJoinsAgainKeepsItsRank) {
   ASSERT_THAT(memberships, SizeIs(2));
   const v1::Membership& m = memberships[1].membership();
   EXPECT_EQ(m.generation(), 2);
-  ASSERT_EQ(m.nodes_size(), 2);
-  EXPECT_EQ(m.nodes(0).node_name(), "n0");
+  ASSERT_THAT(NodeNames(m), ElementsAre("n0", "n1"));
   EXPECT_EQ(m.nodes(0).rank_offset(), 0);
-  EXPECT_EQ(m.nodes(1).node_name(), "n1");
   EXPECT_EQ(m.nodes(1).rank_offset(), 2);
 }
 
