@@ -55,6 +55,11 @@ absl::Status JobOperations::ValidateEnqueue(int32_t rank,
   const LocalTensor& tensor = trainers_.tensor(e.index);
   const std::string named = absl::StrCat("tensor \"", tensor.spec.name(), "\"");
   if (!tensor.mismatch.ok()) return tensor.mismatch;
+  if (e.generation < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EnqueueRequest.generation is ", e.generation, " for ",
+                     named, "; give 0 (no fence) or the generation synced in"));
+  }
   if (e.step < 0 || e.step > Negotiation::kMaxStep) {
     return absl::InvalidArgumentError(
         absl::StrCat("EnqueueRequest.step is ", e.step, " for ", named,
@@ -143,6 +148,20 @@ void JobOperations::Enqueue(int32_t rank, const TensorEnqueue& enqueue) {
                       absl::StrCat("job \"", job_,
                                    "\" has no sealed generation yet; "
                                    "enqueue after `attached`")));
+  }
+  if (enqueue.generation > 0 &&
+      enqueue.generation != membership_.generation()) {
+    // A fenced trainer started this before it heard of the re-form: it must
+    // not run in a generation the trainer has not synchronized in.
+    const absl::Status* aborted = membership_.aborted(enqueue.generation);
+    return FailOp(
+        rank, enqueue,
+        absl::AbortedError(absl::StrCat(
+            "enqueued for generation ", enqueue.generation, " of job \"", job_,
+            "\", which is now in generation ", membership_.generation(),
+            aborted != nullptr ? absl::StrCat(" (", aborted->message(), ")")
+                               : std::string(),
+            "; synchronize in the new generation and retry")));
   }
   if (membership_.data_plane_stopped()) {
     return FailOp(rank, enqueue, *membership_.data_plane_stopped());

@@ -19,16 +19,22 @@ struct TensorEnqueue {
   int32_t root_rank = 0;
   // Came through the trainer's channel: complete it there too.
   bool via_channel = false;
+  // The generation the trainer fenced it to; 0 for none
+  // (EnqueueRequest.generation).
+  int64_t generation = 0;
 
   static TensorEnqueue FromRequest(const v1::EnqueueRequest& request) {
-    return TensorEnqueue{request.index(), request.step(), request.average(),
-                         request.root_rank(), /*via_channel=*/false};
+    return TensorEnqueue{request.index(),       request.step(),
+                         request.average(),     request.root_rank(),
+                         /*via_channel=*/false, request.generation()};
   }
   static TensorEnqueue FromChannel(const ChannelEntry& entry) {
-    return TensorEnqueue{entry.index, entry.step,
+    return TensorEnqueue{entry.index,
+                         entry.step,
                          (entry.flags & kChannelAverage) != 0,
                          static_cast<int32_t>(entry.value),
-                         /*via_channel=*/true};
+                         /*via_channel=*/true,
+                         entry.generation};
   }
 };
 

@@ -522,7 +522,7 @@ class Client::Impl {
     }
     if (trainer_channel_ != nullptr) {
       ChannelEntry entry{tensor.index(), average ? kChannelAverage : 0, step,
-                         root, 0};
+                         root, fence_.load(std::memory_order_relaxed)};
       {
         // One producer at a time; a full ring (1024 operations outstanding)
         // drains as the agent catches up.
@@ -547,6 +547,7 @@ class Client::Impl {
     enqueue->set_step(step);
     enqueue->set_average(average);
     enqueue->set_root_rank(root);
+    enqueue->set_generation(fence_.load(std::memory_order_relaxed));
     if (!Write(request)) {
       absl::MutexLock lock(&mu_);
       handles_.erase({tensor.index(), step});
@@ -555,6 +556,8 @@ class Client::Impl {
     return handle;
   }
 
+  // The generation enqueues are fenced to (Client::Fence); 0 for none.
+  std::atomic<int64_t> fence_{0};
   std::string socket_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TrainerService::Stub> stub_;
@@ -679,6 +682,10 @@ absl::StatusOr<std::shared_ptr<Handle>> Client::PushPullAsync(
 absl::StatusOr<std::shared_ptr<Handle>> Client::BroadcastAsync(
     const Tensor& tensor, int64_t step, int32_t root_rank) {
   return impl_->Enqueue(tensor, step, false, root_rank);
+}
+
+void Client::Fence(int64_t generation) {
+  impl_->fence_.store(generation, std::memory_order_relaxed);
 }
 
 absl::StatusOr<int64_t> Client::WaitForGeneration(

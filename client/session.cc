@@ -1,5 +1,6 @@
 #include "baton/session.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -7,6 +8,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -200,8 +202,10 @@ class Session::Impl {
       const std::string name = tensor->spec().name();
       cuda_buffers_.erase(name);
       // 0, except where this trainer replaces a lost one and joins the
-      // others at their step.
-      next_step_[name] = tensor->next_step();
+      // others at their step, or above the step floor (SetStepFloor).
+      next_step_[name] = Reserved(name)
+                             ? tensor->next_step()
+                             : std::max(tensor->next_step(), step_floor_);
       tensors_[name] = std::move(tensor);
     }
     for (const v1::CudaBuffer& buffer : fresh_buffers) {
@@ -425,6 +429,23 @@ class Session::Impl {
     return detached;
   }
 
+  int64_t NextStep() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    int64_t next = step_floor_;
+    for (const auto& [name, step] : next_step_) {
+      if (!Reserved(name)) next = std::max(next, step);
+    }
+    return next;
+  }
+
+  void SetStepFloor(int64_t floor) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    step_floor_ = std::max(step_floor_, floor);
+    for (auto& [name, step] : next_step_) {
+      if (!Reserved(name)) step = std::max(step, step_floor_);
+    }
+  }
+
   bool closed() const ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     return closed_;
@@ -438,6 +459,12 @@ class Session::Impl {
   static absl::Status Closed() {
     return absl::FailedPreconditionError(
         "the baton session is shut down; call Init again to start a new one");
+  }
+
+  // Names that start with "baton." are baton's own (baton.torch.elastic's
+  // per-generation agreement): the step floor does not apply to them.
+  static bool Reserved(const std::string& name) {
+    return absl::StartsWith(name, "baton.");
   }
 
   // Whether a use of a declared name (`buffer` null for host memory)
@@ -497,6 +524,8 @@ class Session::Impl {
   // Where each declared CUDA tensor lives (index cleared).
   std::map<std::string, v1::CudaBuffer> cuda_buffers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> next_step_ ABSL_GUARDED_BY(mu_);
+  // No name's next step is below it (SetStepFloor), reserved names aside.
+  int64_t step_floor_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, OperationHandle> in_flight_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> starting_ ABSL_GUARDED_BY(mu_);
 };
@@ -539,6 +568,20 @@ int32_t Session::rank() const { return impl_->client_->rank(); }
 int32_t Session::size() const { return impl_->client_->size(); }
 int32_t Session::local_rank() const { return impl_->client_->local_rank(); }
 int32_t Session::local_size() const { return impl_->client_->local_size(); }
+int64_t Session::generation() const { return impl_->client_->generation(); }
+
+absl::StatusOr<int64_t> Session::WaitForGeneration(
+    int64_t after, std::chrono::milliseconds timeout) {
+  return impl_->client_->WaitForGeneration(after, timeout);
+}
+
+void Session::FenceGeneration(int64_t generation) {
+  impl_->client_->Fence(generation);
+}
+
+int64_t Session::NextStep() const { return impl_->NextStep(); }
+
+void Session::SetStepFloor(int64_t floor) { impl_->SetStepFloor(floor); }
 
 absl::Status Session::DeclareTensors(
     const std::vector<v1::TensorSpec>& specs,

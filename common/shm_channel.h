@@ -26,7 +26,9 @@ struct ChannelEntry {
   int32_t flags;
   int64_t step;
   int64_t value;  // requests: root rank; completions: generation
-  int64_t reserved;
+  // Requests: the fenced generation (EnqueueRequest.generation), 0 for
+  // none; completions: unused.
+  int64_t generation;
 };
 static_assert(sizeof(ChannelEntry) == 32);
 

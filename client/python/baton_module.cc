@@ -98,32 +98,72 @@ void CheckSignals() {
   if (PyErr_CheckSignals() != 0) throw py::error_already_set();
 }
 
-// Waits for `operation` up to `timeout`, without the GIL, in slices between
-// which signal handlers run. An interrupted wait leaves the operation in
-// flight: synchronize it again, or shutdown abandons it.
-absl::Status SynchronizeInterruptibly(Session& session,
-                                      const PyOperation& operation,
-                                      std::chrono::milliseconds timeout) {
+// Calls `wait(slice)` without the GIL, with slices of at most kSignalSlice,
+// until it returns a value or `timeout` passed (then nullopt); signal
+// handlers run between the slices.
+template <typename Wait>
+auto InSlices(std::chrono::milliseconds timeout, Wait wait)
+    -> decltype(wait(timeout)) {
   py::gil_scoped_release release;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    const absl::Status status = session.Synchronize(
-        operation.handle,
-        std::clamp(left, std::chrono::milliseconds(0), kSignalSlice));
-    if (!absl::IsDeadlineExceeded(status) || session.Poll(operation.handle)) {
-      // A failure now is how the job ended the operation.
-      if (!status.ok()) throw StatusError{status, /*job_failure=*/true};
-      return status;
-    }
-    if (left <= kSignalSlice) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "tensor \"", operation.name, "\" did not complete within ",
-          timeout.count(), " ms; it is still in flight"));
-    }
+    auto done =
+        wait(std::clamp(left, std::chrono::milliseconds(0), kSignalSlice));
+    if (done.has_value() || left <= kSignalSlice) return done;
     CheckSignals();
   }
+}
+
+// Waits for `operation` up to `timeout`, in slices between which signal
+// handlers run. An interrupted wait leaves the operation in flight:
+// synchronize it again, or shutdown abandons it.
+absl::Status SynchronizeInterruptibly(Session& session,
+                                      const PyOperation& operation,
+                                      std::chrono::milliseconds timeout) {
+  const std::optional<absl::Status> done = InSlices(
+      timeout,
+      [&](std::chrono::milliseconds slice) -> std::optional<absl::Status> {
+        absl::Status status = session.Synchronize(operation.handle, slice);
+        if (!absl::IsDeadlineExceeded(status) ||
+            session.Poll(operation.handle)) {
+          return status;
+        }
+        return std::nullopt;
+      });
+  if (!done.has_value()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("tensor \"", operation.name, "\" did not complete within ",
+                     timeout.count(), " ms; it is still in flight"));
+  }
+  // A failure now is how the job ended the operation.
+  if (!done->ok()) throw StatusError{*done, /*job_failure=*/true};
+  return *done;
+}
+
+// Session::WaitForGeneration in the same slices: the new generation, a
+// TimeoutError when none came within `timeout`, BatonError when the job
+// ended meanwhile.
+int64_t WaitForGenerationInterruptibly(Session& session, int64_t after,
+                                       std::chrono::milliseconds timeout) {
+  const std::optional<absl::StatusOr<int64_t>> done =
+      InSlices(timeout,
+               [&](std::chrono::milliseconds slice)
+                   -> std::optional<absl::StatusOr<int64_t>> {
+                 absl::StatusOr<int64_t> generation =
+                     session.WaitForGeneration(after, slice);
+                 if (absl::IsDeadlineExceeded(generation.status()))
+                   return std::nullopt;
+                 return generation;
+               });
+  if (!done.has_value()) {
+    throw StatusError{absl::DeadlineExceededError(
+        absl::StrCat("the job ran no generation after ", after, " within ",
+                     timeout.count(), " ms"))};
+  }
+  if (!done->ok()) throw StatusError{done->status(), /*job_failure=*/true};
+  return **done;
 }
 
 Buffer MakeBuffer(uintptr_t data, int dtype, std::vector<int64_t> shape) {
@@ -213,6 +253,7 @@ PYBIND11_MODULE(_baton, m) {
   using baton::client::SpecFromTuple;
   using baton::client::StatusError;
   using baton::client::SynchronizeInterruptibly;
+  using baton::client::WaitForGenerationInterruptibly;
   namespace v1 = baton::v1;
 
   m.doc() = "baton's trainer client (use baton.torch for PyTorch)";
@@ -265,6 +306,26 @@ PYBIND11_MODULE(_baton, m) {
       .def("size", &Session::size)
       .def("local_rank", &Session::local_rank)
       .def("local_size", &Session::local_size)
+      .def("generation", &Session::generation,
+           "The job's generation this session is in (rank() and size() "
+           "describe it).")
+      .def(
+          "wait_for_generation",
+          [](Session& s, int64_t after, double timeout) {
+            return WaitForGenerationInterruptibly(s, after, Millis(timeout));
+          },
+          py::arg("after"), py::arg("timeout"),
+          "Waits (timeout in seconds) until the job runs a generation newer "
+          "than `after`; returns it. TimeoutError when none came, BatonError "
+          "when the job ended.")
+      .def("fence_generation", &Session::FenceGeneration, py::arg("generation"),
+           "Operations started from now on run only in `generation` (0: "
+           "any); later, they fail with ABORTED.")
+      .def("next_step", &Session::NextStep,
+           "The highest step a tensor's next operation takes.")
+      .def("set_step_floor", &Session::SetStepFloor, py::arg("floor"),
+           "Raises every tensor's next step to at least `floor`, also for "
+           "names first used later (names starting with \"baton.\" aside).")
       .def(
           "declare",
           [](Session& s, const std::vector<py::tuple>& tensors,

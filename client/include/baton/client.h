@@ -183,6 +183,10 @@ class Client {
   // agent ended the session.
   absl::StatusOr<int64_t> WaitForGeneration(int64_t after,
                                             std::chrono::milliseconds timeout);
+  // Fences the operations started from now on to `generation`: one the
+  // agent takes while the job is in another generation fails at once
+  // (ABORTED) instead of running there. 0 lifts the fence.
+  void Fence(int64_t generation);
 
   // Leaves the job (finished = training is done here) and waits up to
   // `timeout` for the agent to close the session, so the detach is known to

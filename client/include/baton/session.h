@@ -111,6 +111,29 @@ class Session {
   int32_t local_rank() const;
   int32_t local_size() const;
 
+  // Elastic training (baton.torch.elastic builds on these). The job's
+  // generation this session knows: rank() and size() describe it. A node
+  // lost or joined re-forms the job into a new generation, with new ranks
+  // and a new size; operations of the old one fail with ABORTED.
+  int64_t generation() const;
+  // Waits until the job runs a generation newer than `after` and returns
+  // it. DEADLINE_EXCEEDED when none comes within `timeout`; the agent's
+  // error when the job failed meanwhile (too few nodes left).
+  absl::StatusOr<int64_t> WaitForGeneration(int64_t after,
+                                            std::chrono::milliseconds timeout);
+  // Operations started from now on run only in `generation`: one the agent
+  // takes after the job re-formed fails with ABORTED instead of running in
+  // a generation this trainer has not synchronized in. 0 lifts the fence.
+  void FenceGeneration(int64_t generation);
+  // The highest step any tensor's next operation takes (at least the step
+  // floor). Names that start with "baton." are baton's own: not counted.
+  int64_t NextStep() const;
+  // Raises every tensor's next step to at least `floor`, also for names
+  // first used later (names starting with "baton." aside). After a re-form
+  // the ranks agree on a floor (the highest NextStep of any rank), so a
+  // node that joined and the survivors take the same steps.
+  void SetStepFloor(int64_t floor);
+
   // Declares tensors ahead of use (one round trip for all of them; the
   // declaration order is the default priority: first declared = most
   // urgent). Declaring a name again with the same spec (and CUDA buffer) is

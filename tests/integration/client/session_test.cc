@@ -3,6 +3,7 @@
 // (one Session per rank, each attached to its node's agent).
 #include "baton/session.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -98,14 +99,17 @@ class SessionTest : public ::testing::Test {
   // Starts `nodes` agents and job `job` with `local_size` trainers on each:
   // sessions_ in (node, local rank) order. Init returns once the whole job
   // is formed, so every trainer initializes at once.
+  // `min_nodes`: BATON_MIN_NODES (0: all of them).
   void StartJob(const std::string& job, int nodes, int local_size,
-                const std::vector<std::string>& coordinator_flags = {}) {
+                const std::vector<std::string>& coordinator_flags = {},
+                int min_nodes = 0) {
     ASSERT_TRUE(cluster_.Start(nodes, coordinator_flags).ok());
     std::vector<std::future<absl::StatusOr<std::unique_ptr<Session>>>> inits;
     for (int node = 1; node <= nodes; ++node) {
       for (int local_rank = 0; local_rank < local_size; ++local_rank) {
-        const ClientOptions options =
+        ClientOptions options =
             cluster_.TrainerOptions(node, job, local_rank, local_size, nodes);
+        options.min_nodes = min_nodes;
         inits.push_back(std::async(
             std::launch::async, [options] { return Session::Init(options); }));
       }
@@ -481,6 +485,76 @@ TEST_F(SessionTest, KilledAgentFailsEveryOperationInFlightNamingTheCause) {
     EXPECT_LT(took[i], absl::Seconds(5));
     EXPECT_EQ(data[i], std::vector<float>(1024, 1.0f * 4));
   }
+}
+
+TEST_F(SessionTest, AFencedSessionRunsNothingInTheGenerationAfterAReform) {
+  // 3 nodes, 2 enough: node 3's loss re-forms the job with the survivors.
+  ASSERT_NO_FATAL_FAILURE(
+      StartJob("fence", 3, 1,
+               {"--heartbeat_interval_ms=200", "--liveness_timeout_ms=1000"},
+               /*min_nodes=*/2));
+  std::vector<std::vector<int64_t>> data(sessions_.size(),
+                                         std::vector<int64_t>(16, 1));
+  const int64_t first = sessions_[0]->generation();
+  OnEveryRank([&](size_t i, Session& session) {
+    EXPECT_EQ(session.generation(), first);
+    session.FenceGeneration(first);
+    EXPECT_TRUE(session.PushPull("g", BufferOf(data[i]), false).ok());
+  });
+  cluster_.agent(3).Kill();
+  sessions_.pop_back();  // its agent is gone
+
+  OnEveryRank([&](size_t i, Session& session) {
+    absl::StatusOr<int64_t> next = session.WaitForGeneration(first, kWait);
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_GT(*next, first);
+    EXPECT_EQ(session.size(), 2);
+    // Started after the re-form, fenced to the generation before: it fails
+    // at once instead of running in the new one.
+    absl::Status fenced = session.PushPull("g", BufferOf(data[i]), false);
+    EXPECT_EQ(fenced.code(), absl::StatusCode::kAborted) << fenced;
+    EXPECT_THAT(fenced.message(),
+                HasSubstr(absl::StrCat("enqueued for generation ", first)));
+    // Synchronized in the new generation (the ranks agree on the step
+    // floor, as baton.torch.elastic does), it runs there.
+    session.FenceGeneration(*next);
+    std::vector<int64_t> step(2, 0);
+    step[static_cast<size_t>(session.rank())] = session.NextStep();
+    ASSERT_TRUE(session
+                    .PushPull(absl::StrCat("baton.agree.", *next),
+                              BufferOf(step), false)
+                    .ok());
+    session.SetStepFloor(std::max(step[0], step[1]) + 5);
+    std::fill(data[i].begin(), data[i].end(), int64_t{1});
+    absl::Status status = session.PushPull("g", BufferOf(data[i]), false);
+    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_EQ(data[i], std::vector<int64_t>(16, 2));
+  });
+}
+
+TEST_F(SessionTest, TheStepFloorRaisesEveryNameButBatonsOwn) {
+  ASSERT_NO_FATAL_FAILURE(StartJob("floor", 1, 1));
+  Session& session = *sessions_[0];
+  std::vector<float> value(4, 1.0f);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(session.PushPull("a", BufferOf(value), false).ok());
+  }
+  ASSERT_TRUE(session.PushPull("baton.own", BufferOf(value), false).ok());
+  EXPECT_EQ(session.NextStep(),
+            3);  // "a" did steps 0..2; baton.own is not counted
+  session.SetStepFloor(10);
+  EXPECT_EQ(session.NextStep(), 10);
+  // A floor never lowers a step.
+  session.SetStepFloor(4);
+  EXPECT_EQ(session.NextStep(), 10);
+  // "a" and a new name "b" go on at 10, baton.own at its own step 1.
+  for (const std::string name : {"a", "b", "baton.own"}) {
+    for (int i = 0; i < 2; ++i) {
+      absl::Status status = session.PushPull(name, BufferOf(value), false);
+      EXPECT_TRUE(status.ok()) << name << ": " << status;
+    }
+  }
+  EXPECT_EQ(session.NextStep(), 12);
 }
 
 TEST_F(SessionTest, ShutdownDrainsOperationsInFlight) {

@@ -54,12 +54,12 @@ bool IsEntry(const ChannelEntry& e, int32_t index, int64_t step) {
   const ChannelEntry want = Entry(index, step);
   return e.index == want.index && e.flags == want.flags &&
          e.step == want.step && e.value == want.value &&
-         e.reserved == want.reserved;
+         e.generation == want.generation;
 }
 
 std::string Describe(const ChannelEntry& e) {
   return absl::StrCat("{index ", e.index, ", flags ", e.flags, ", step ",
-                      e.step, ", value ", e.value, ", reserved ", e.reserved,
+                      e.step, ", value ", e.value, ", generation ", e.generation,
                       "}");
 }
 
@@ -250,7 +250,7 @@ TEST(ChannelRingTest, CarriesAnyEntryBitForBit) {
     EXPECT_EQ(got.flags, want.flags);
     EXPECT_EQ(got.step, want.step);
     EXPECT_EQ(got.value, want.value);
-    EXPECT_EQ(got.reserved, want.reserved);
+    EXPECT_EQ(got.generation, want.generation);
   }
 }
 

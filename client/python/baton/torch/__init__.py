@@ -51,6 +51,7 @@ __all__ = [
     "broadcast_async",
     "broadcast_parameters",
     "broadcast_optimizer_state",
+    "broadcast_object",
     "declare",
     "DistributedOptimizer",
     "ScheduledOptimizer",
@@ -681,6 +682,46 @@ def broadcast_parameters(params, root_rank):
             raise errors[0]
 
 
+def broadcast_object(obj, root_rank=0, name=None):
+    """Returns root_rank's `obj` on every rank (Horovod's broadcast_object):
+    it travels pickled (torch.save, so tensors inside keep their dtype and
+    bytes exactly); every rank must call it with the same `name` (default
+    "Object"), in the same order as its other operations."""
+    name = "Object" if name is None else str(name)
+    is_root = rank() == root_rank
+    payload = None
+    if is_root:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    length = torch.tensor([payload.numel() if is_root else 0], dtype=torch.int64)
+    broadcast(length, root_rank, name + ".bytes")
+    n = int(length.item())
+    # A name per size: a name keeps its shape while an operation of it runs.
+    data = payload if is_root else torch.empty(n, dtype=torch.uint8)
+    broadcast(data, root_rank, "%s.%d" % (name, n))
+    if is_root:
+        return obj
+    return torch.load(io.BytesIO(data.numpy().tobytes()))
+
+
+def _abandon_in_flight(timeout):
+    """Waits (at most `timeout` seconds in all) for every operation this
+    process started and has not synchronized, whatever its outcome: after a
+    re-form they fail at once (ABORTED). TimeoutError when one is still
+    running at the deadline."""
+    deadline = time.monotonic() + timeout
+    with _lock:
+        handles = list(_pending)
+    for handle in handles:
+        try:
+            synchronize(handle, max(0.0, deadline - time.monotonic()))
+        except BatonError:
+            pass  # failed; synchronize forgot it
+        except ValueError:
+            pass  # another thread synchronized it meanwhile
+
+
 def broadcast_optimizer_state(optimizer, root_rank):
     """Makes every rank's optimizer state (per-parameter state such as
     momentum buffers and Adam moments, and every param group's
@@ -694,20 +735,11 @@ def broadcast_optimizer_state(optimizer, root_rank):
         raise ValueError("cannot broadcast torch.optim.LBFGS state: it keeps closures")
     inner = getattr(optimizer, "optimizer", optimizer)
     is_root = rank() == root_rank
-    payload = None
-    if is_root:
-        buffer = io.BytesIO()
-        torch.save(inner.state_dict(), buffer)
-        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-    length = torch.tensor([payload.numel() if is_root else 0], dtype=torch.int64)
-    broadcast(length, root_rank, "OptimizerState.bytes")
-    n = int(length.item())
-    data = payload if is_root else torch.empty(n, dtype=torch.uint8)
-    broadcast(data, root_rank, "OptimizerState.%d" % n)
+    state = broadcast_object(inner.state_dict() if is_root else None, root_rank, "OptimizerState")
     if not is_root:
-        state = torch.load(io.BytesIO(data.numpy().tobytes()))
         inner.load_state_dict(state)
 
 
 from baton.torch.optimizers import DistributedOptimizer, ScheduledOptimizer  # noqa: E402
 from baton.torch.ddp import DDPCommHookState, ddp_comm_hook  # noqa: E402
+from baton.torch import elastic  # noqa: E402,F401

@@ -159,6 +159,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
+    def _reset(self):
+        """After a re-form (baton.torch.elastic, which has waited for every
+        push-pull in flight): the interrupted step's push-pulls are
+        forgotten, and the next backward pass starts a step afresh."""
+        self._handles = {}
+        self._synchronized = False
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+
     def zero_grad(self, set_to_none=False):
         if self._handles:
             raise AssertionError(
@@ -450,6 +459,22 @@ class ScheduledOptimizer:
                     raise _bt.BatonError("ScheduledOptimizer's update thread stopped")
                 self._cv.wait(0.5)
         self._raise_if_failed()
+
+    def _reset(self):
+        """After a re-form (baton.torch.elastic): waits for the push-pulls in
+        flight (they fail at once; none is applied after a failure), then
+        forgets the failure, so that the next iteration starts afresh on the
+        parameters as baton.torch.elastic restored them."""
+        try:
+            self.finalize()
+        except Exception:  # noqa: B902 - the failure that caused the re-form
+            pass
+        self._error = None
+        self._error_delivered = False
+        for slot in self._slots.values():
+            slot.handle = None
+            slot.iteration = None
+            slot.gate.set()
 
     def close(self):
         """finalize(), then stop the update thread and remove the hooks. An
