@@ -261,6 +261,10 @@ void JobMembership::SendAttached() {
 }
 
 void JobMembership::SendManifest() {
+  // Tensors declared after the plan that already has them (on a node that
+  // joined a running job, for one) take their ids from it: no new plan
+  // version will name them again.
+  AssignPlannedIds();
   if (!membership_ || state_ != State::kRunning) return;
   int32_t complete = 0;
   while (complete < trainers_.tensor_count() &&
@@ -283,22 +287,41 @@ void JobMembership::HandlePlan(const v1::TensorPlan& plan) {
   if (plan_ && plan.version() < plan_->version()) return;
   plan_ = plan;
   partition_bytes_ = plan.partition_bytes();
-  for (const v1::TensorPlanEntry& entry : plan.tensors()) {
-    for (int32_t i = 0; i < trainers_.tensor_count(); ++i) {
-      LocalTensor& tensor = trainers_.tensor(i);
-      if (tensor.spec.name() != entry.spec().name() ||
-          tensor.spec.version() != entry.spec().version()) {
-        continue;
-      }
-      tensor.tensor_id = entry.tensor_id();
-      tensor.priority = entry.priority();
-    }
-  }
+  AssignPlannedIds();
   // Ids are dense from 0; the data plane negotiates over the ids every
   // node knows.
   if (data_plane_) data_plane_->SetKnownTensors(plan.tensors_size());
   MaybeConnectDevices();
   callbacks_.submit_waiting();
+}
+
+void JobMembership::AssignPlannedIds() {
+  if (!plan_) return;
+  absl::flat_hash_map<std::pair<std::string, int32_t>,
+                      const v1::TensorPlanEntry*>
+      planned;
+  for (int32_t i = 0; i < trainers_.tensor_count(); ++i) {
+    const LocalTensor& tensor = trainers_.tensor(i);
+    if (tensor.tensor_id < 0) {
+      planned.emplace(std::make_pair(tensor.spec.name(), tensor.spec.version()),
+                      nullptr);
+    }
+  }
+  if (planned.empty()) return;
+  for (const v1::TensorPlanEntry& entry : plan_->tensors()) {
+    auto it = planned.find(
+        std::make_pair(entry.spec().name(), entry.spec().version()));
+    if (it != planned.end()) it->second = &entry;
+  }
+  for (int32_t i = 0; i < trainers_.tensor_count(); ++i) {
+    LocalTensor& tensor = trainers_.tensor(i);
+    if (tensor.tensor_id >= 0) continue;
+    const v1::TensorPlanEntry* entry =
+        planned.at(std::make_pair(tensor.spec.name(), tensor.spec.version()));
+    if (entry == nullptr) continue;
+    tensor.tensor_id = entry->tensor_id();
+    tensor.priority = entry->priority();
+  }
 }
 
 void JobMembership::HandleGenerationAborted(const v1::GenerationAborted& a) {

@@ -152,6 +152,9 @@ class JobMembership {
   void HandleMembership(const v1::Membership& membership);
   void HandlePlan(const v1::TensorPlan& plan);
   void HandleGenerationAborted(const v1::GenerationAborted& aborted);
+  // Every declared tensor without an id that the plan names takes its id
+  // and priority from it.
+  void AssignPlannedIds();
   void HandleError(uint64_t reply_to, const v1::Error& error);
   void SendJoin();
   void SendAttached();

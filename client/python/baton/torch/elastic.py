@@ -51,11 +51,10 @@ import baton.torch as _bt
 
 __all__ = ["State", "run"]
 
-# google.rpc.Code values an operation fails with when the job re-forms: the
-# generation was aborted (ABORTED), the data plane failed before the
+# BatonError.code of an operation that failed because the job re-formed:
+# the generation was aborted (ABORTED), or the data plane failed before the
 # coordinator named the lost node (UNAVAILABLE, DEADLINE_EXCEEDED).
-_ABORTED = 10
-_REFORM_CODES = (_ABORTED, 14, 4)
+_REFORM_CODES = ("ABORTED", "UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 # How long run() waits for the next generation after a failure; the
 # coordinator fails the job sooner (--reform_timeout_ms) when too few nodes
