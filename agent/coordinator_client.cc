@@ -177,13 +177,22 @@ void CoordinatorClient::HeartbeatLoop() {
       if (stop_) return;
       const absl::Duration interval = absl::FromChrono(heartbeat_interval_);
       const absl::Duration since = clock_->Now() - last_sent_;
-      if (stream_ == nullptr || since < interval) {
+      if (stream_ == nullptr) {
+        // Until a session is accepted: its interval (the coordinator's, often
+        // shorter than ours) counts from then, not from the end of a wait
+        // that began before it.
+        const auto session_or_stop = [this]()
+                                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                           return stop_ || stream_ != nullptr;
+                                         };
+        mu_.AwaitWithTimeout(absl::Condition(&session_or_stop), interval);
+        continue;
+      }
+      if (since < interval) {
         // Clock is the wall clock: the wait is bounded by the interval
         // whatever a step of the system clock does to `since`.
-        const absl::Duration wait = stream_ == nullptr
-                                        ? interval
-                                        : std::min(interval - since, interval);
-        mu_.AwaitWithTimeout(absl::Condition(&stop_), wait);
+        mu_.AwaitWithTimeout(absl::Condition(&stop_),
+                             std::min(interval - since, interval));
         continue;
       }
     }

@@ -532,6 +532,31 @@ TEST_F(SessionTest, AFencedSessionRunsNothingInTheGenerationAfterAReform) {
   });
 }
 
+TEST_F(SessionTest,
+       BelowMinNodesTheSurvivorsHearWhyOnceTheReformTimeoutPassed) {
+  // 2 nodes, both needed: after node 2's loss the coordinator waits 2 s for
+  // a replacement, then fails the job; a survivor waiting for the next
+  // generation hears why instead of waiting on.
+  ASSERT_NO_FATAL_FAILURE(
+      StartJob("below", 2, 1,
+               {"--heartbeat_interval_ms=200", "--liveness_timeout_ms=1000",
+                "--reform_timeout_ms=2000"},
+               /*min_nodes=*/2));
+  const int64_t first = sessions_[0]->generation();
+  cluster_.agent(2).Kill();
+  sessions_.pop_back();
+  const absl::Time killed = absl::Now();
+  absl::StatusOr<int64_t> next = sessions_[0]->WaitForGeneration(first, kWait);
+  const absl::Duration took = absl::Now() - killed;
+  ASSERT_FALSE(next.ok()) << "generation " << *next;
+  EXPECT_NE(next.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << next.status();
+  EXPECT_THAT(next.status().message(),
+              AllOf(HasSubstr("failed"), HasSubstr("node n2")));
+  // The reform timeout, not kWait.
+  EXPECT_LT(took, absl::Seconds(10));
+}
+
 TEST_F(SessionTest, TheStepFloorRaisesEveryNameButBatonsOwn) {
   ASSERT_NO_FATAL_FAILURE(StartJob("floor", 1, 1));
   Session& session = *sessions_[0];
