@@ -302,6 +302,17 @@ void AgentJob::HandleTrainerGone(TrainerSink* sink) {
     // Never formed: nothing to go on with.
     return LeaveForTrainer(rank, reason);
   }
+  const int32_t min_nodes = trainers_.params().min_nodes();
+  if (min_nodes > 0 && min_nodes < trainers_.params().expected_nodes()) {
+    // An elastic job goes on without this node at once; trainers started
+    // again here join it as a new node (baton.torch.elastic brings them
+    // the state), instead of taking the lost trainer's place.
+    return LeaveForTrainer(
+        rank, absl::StrCat(reason, "; the job is elastic (min_nodes ",
+                           min_nodes, " of ",
+                           trainers_.params().expected_nodes(),
+                           "), so its other nodes go on without this one"));
+  }
   // The job goes on once a trainer attaches again as this local rank (a
   // restarted trainer); until then nothing can run, here or on the other
   // nodes, which the generation's end tells.
