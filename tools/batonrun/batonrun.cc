@@ -1,6 +1,7 @@
 // batonrun: launches a baton job on this machine.
 //
-//   batonrun --nodes N --procs-per-node P [--coordinator ADDR] -- CMD ARGS...
+//   batonrun --nodes N --procs-per-node P [--min-nodes M] [--restarts R]
+//            [--coordinator ADDR] -- CMD ARGS...
 //
 // Without --coordinator it starts an embedded cluster first: a
 // baton-coordinator on a free loopback port and one baton-agent per node
@@ -13,23 +14,34 @@
 // Trainers get the variables torchrun sets (LOCAL_RANK, LOCAL_WORLD_SIZE,
 // WORLD_SIZE; in an embedded cluster also RANK, MASTER_ADDR=127.0.0.1 and
 // a free MASTER_PORT), so torch.distributed.init_process_group's env://
-// rendezvous, which DistributedDataParallel needs, works unchanged.
+// rendezvous, which DistributedDataParallel needs, works unchanged; and
+// BATON_NODES and BATON_MIN_NODES (--min-nodes, by default --nodes).
 //
 // Every trainer's output is prefixed with its rank. SIGINT/SIGTERM are
-// forwarded to the trainers. When a trainer fails, the others are stopped
-// (SIGTERM, then SIGKILL after --stop_grace_ms) and batonrun exits 1 naming
-// the rank and how it ended. Every child dies with batonrun
-// (PR_SET_PDEATHSIG), so nothing is left behind.
+// forwarded to the trainers. When a trainer fails (in a job that is not
+// elastic, below), the others are stopped (SIGTERM, then SIGKILL after
+// --stop_grace_ms) and batonrun exits 1 naming the rank and how it ended.
+// Every child dies with batonrun (PR_SET_PDEATHSIG), so nothing is left
+// behind.
 //
 // batonrun supervises the embedded coordinator: when it ends, it is started
 // again on the address the first one got (the agents reconnect to it and
 // re-report their jobs, which train on meanwhile), at most
 // --max_coordinator_restarts times a minute. An embedded agent that ends
-// fails the job, as a trainer does.
-#include <fcntl.h>
-#include <poll.h>
+// fails the job as a trainer does (or kills its node, when elastic).
+//
+// Elastic jobs (embedded clusters; tools/batonrun/node_supervisor.h): with
+// --min-nodes M below --nodes, a node that dies (its agent ends, or a
+// trainer ends with anything but 0) does not end the job: batonrun stops
+// what is left of it and the others go on while at least M nodes are left
+// (the coordinator re-forms the job with them); batonrun exits 0 when the
+// trainers of the nodes left all exited 0, naming the nodes lost. With
+// --restarts R, the first R deaths of the job restart their node instead:
+// a new agent with the same name, socket and log, and new trainers without
+// RANK and WORLD_SIZE (the coordinator places the node again), their output
+// tagged "[node<k>.<local rank> restart <r>]". A node that dies before the
+// job formed with all its nodes fails the job as before.
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,24 +52,34 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "baton/status_client.h"
 #include "common/init.h"
 #include "gflags/gflags.h"
+#include "tools/batonrun/child.h"
+#include "tools/batonrun/console.h"
 #include "tools/batonrun/master_port.h"
+#include "tools/batonrun/node_supervisor.h"
 
 DEFINE_int32(nodes, 1, "Nodes (agents) of the job, 1..64");
 DEFINE_int32(procs_per_node, 1, "Trainers per node, 1..64");
+DEFINE_int32(min_nodes, 0,
+             "Nodes the job needs, 1..--nodes (BATON_MIN_NODES of every "
+             "trainer); below --nodes the job is elastic: a node that dies is "
+             "stopped and the others go on while this many are left. 0: "
+             "--nodes");
+DEFINE_int32(restarts, 0,
+             "Node restarts allowed in the whole job, 0..100 (embedded "
+             "cluster only): a node that dies is started again, placed anew "
+             "by the coordinator");
 DEFINE_string(coordinator, "",
               "An existing coordinator: start only this node's trainers "
               "(against --socket); empty: start an embedded cluster");
@@ -74,15 +96,8 @@ DEFINE_int32(max_coordinator_restarts, 5,
              "Restarts of the embedded coordinator allowed within a minute, "
              "0..100; one more ends the job");
 
-namespace baton {
+namespace baton::batonrun {
 namespace {
-
-std::mutex output_mu;
-
-void Say(const std::string& text) {
-  std::lock_guard<std::mutex> lock(output_mu);
-  std::fprintf(stderr, "batonrun: %s\n", text.c_str());
-}
 
 std::string Dirname(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -95,143 +110,13 @@ std::string SelfDir() {
   return n > 0 ? Dirname(std::string(buf, static_cast<size_t>(n))) : ".";
 }
 
-struct Child {
-  std::string name;  // "rank 3", "agent n1", "coordinator"
-  pid_t pid = -1;
-  int stdout_fd = -1;  // read end, when captured
-  bool trainer = false;
-  bool coordinator = false;
-  bool done = false;
-  int status = 0;
-};
-
-// Starts argv with extra environment; stdout to a pipe (returned in
-// child.stdout_fd) when `capture`, stderr to `stderr_path` when set (else
-// inherited, or into the stdout pipe when `merge_stderr`).
-bool Spawn(Child& child, const std::vector<std::string>& argv,
-           const std::vector<std::string>& env, bool capture, bool merge_stderr,
-           const std::string& stderr_path) {
-  std::vector<std::string> args = argv;
-  std::vector<char*> c_argv;
-  for (auto& a : args) c_argv.push_back(a.data());
-  c_argv.push_back(nullptr);
-  // The given variables replace inherited ones of the same name: with a
-  // name twice, getenv and Python's os.environ read the first one.
-  std::vector<std::string> envs;
-  const auto name_of = [](const std::string& entry) {
-    return entry.substr(0, entry.find('='));
-  };
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    const std::string name = name_of(entry);
-    const bool replaced = std::any_of(
-        env.begin(), env.end(),
-        [&](const std::string& given) { return name_of(given) == name; });
-    if (!replaced) envs.push_back(entry);
-  }
-  envs.insert(envs.end(), env.begin(), env.end());
-  std::vector<char*> c_env;
-  for (auto& e : envs) c_env.push_back(e.data());
-  c_env.push_back(nullptr);
-  int out[2] = {-1, -1};
-  if (capture && pipe2(out, O_CLOEXEC) != 0) return false;
-  int err_fd = -1;
-  if (!stderr_path.empty()) {
-    err_fd = open(stderr_path.c_str(),
-                  O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  }
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return false;
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (capture) {
-      dup2(out[1], STDOUT_FILENO);
-      if (merge_stderr) dup2(out[1], STDERR_FILENO);
-    }
-    if (err_fd >= 0) dup2(err_fd, STDERR_FILENO);
-    execvpe(c_argv[0], c_argv.data(), c_env.data());
-    std::fprintf(stderr, "batonrun: cannot execute %s: %s\n", c_argv[0],
-                 std::strerror(errno));
-    _exit(127);
-  }
-  if (capture) close(out[1]);
-  if (err_fd >= 0) close(err_fd);
-  child.pid = pid;
-  child.stdout_fd = capture ? out[0] : -1;
-  return true;
-}
-
-// Reads `fd` until a line starts with `prefix`; returns the rest of it, or
-// "" when the pipe closed or `timeout` passed.
-std::string ReadReadyLine(int fd, const std::string& prefix,
-                          std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::string buffer;
-  while (std::chrono::steady_clock::now() < deadline) {
-    size_t newline;
-    while ((newline = buffer.find('\n')) != std::string::npos) {
-      std::string line = buffer.substr(0, newline);
-      buffer.erase(0, newline + 1);
-      if (absl::StartsWith(line, prefix)) return line.substr(prefix.size());
-    }
-    pollfd pfd{fd, POLLIN, 0};
-    if (poll(&pfd, 1, 100) <= 0) continue;
-    char chunk[512];
-    const ssize_t n = read(fd, chunk, sizeof(chunk));
-    if (n <= 0) return "";
-    buffer.append(chunk, static_cast<size_t>(n));
-  }
-  return "";
-}
-
-// Copies `fd` to stdout line by line, each line prefixed with `tag`.
-void PrefixLines(int fd, std::string tag) {
-  std::string line;
-  char chunk[4096];
-  const auto flush = [&] {
-    std::lock_guard<std::mutex> lock(output_mu);
-    std::fprintf(stdout, "[%s] %s\n", tag.c_str(), line.c_str());
-    std::fflush(stdout);
-    line.clear();
-  };
-  for (;;) {
-    const ssize_t n = read(fd, chunk, sizeof(chunk));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    for (ssize_t i = 0; i < n; ++i) {
-      if (chunk[i] == '\n') {
-        flush();
-      } else {
-        line.push_back(chunk[i]);
-      }
-    }
-  }
-  if (!line.empty()) flush();
-  close(fd);
-}
-
-std::string Describe(int status) {
-  if (WIFEXITED(status))
-    return absl::StrCat("exited with code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
-                        strsignal(WTERMSIG(status)), ")");
-  }
-  return "ended";
-}
-
 // "1 time", "3 times".
 std::string Times(size_t n) {
   return absl::StrCat(n, n == 1 ? " time" : " times");
 }
 
-bool Failed(int status) {
-  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+std::vector<std::string> SplitFlags(const std::string& flags) {
+  return absl::StrSplit(flags, ' ', absl::SkipEmpty());
 }
 
 // Members of `job` as the coordinator reports them (0 while unknown).
@@ -239,6 +124,8 @@ int Members(StatusClient& status, const std::string& job) {
   absl::StatusOr<v1::JobStatus> job_status = status.GetJob(job);
   return job_status.ok() ? job_status->members_size() : 0;
 }
+
+std::atomic<int> received_signal{0};
 
 class Launcher {
  public:
@@ -254,22 +141,24 @@ class Launcher {
   // The embedded coordinator `c` ended: starts it again on its address,
   // within --max_coordinator_restarts a minute. False, said why, when not.
   bool RestartCoordinator(Child& c);
-  bool StartTrainers(int node, const std::string& socket, int first_rank,
-                     bool exact_rank);
-  // SIGTERM to the given children, SIGKILL after the grace period.
-  void Stop(bool trainers);
-  // Marks the child `pid` as ended; the child, or nullptr when not ours.
-  Child* Reap(pid_t pid, int status);
+  // Starts the nodes one after the other, each once the previous one joined
+  // (embedded), or this node's trainers; false when one could not start.
+  bool StartNodes(NodeSupervisor& nodes);
+  NodeSupervisor::Options NodeOptions(
+      const std::vector<std::string>& command) const;
   std::string CoordinatorLog() const { return dir_ + "/coordinator.log"; }
+  std::string CoordinatorEnded() const {
+    return absl::StrCat(
+        coordinator_child_.name, " (pid ", coordinator_child_.pid, ") ",
+        Describe(coordinator_child_.status), "; its log is in ", dir_);
+  }
 
-  std::vector<std::string> command_;
+  bool embedded_ = FLAGS_coordinator.empty();
   std::string dir_;
   std::string coordinator_;
+  Child coordinator_child_;
   // torch.distributed's rendezvous port (MASTER_PORT), embedded clusters.
   int master_port_ = 0;
-  std::vector<Child> children_;
-  std::vector<std::thread> copiers_;
-  bool early_exit_ = false;
   // When the embedded coordinator was restarted, the last minute's.
   std::deque<std::chrono::steady_clock::time_point> restarts_;
   size_t restart_count_ = 0;
@@ -279,11 +168,9 @@ std::string Launcher::StartCoordinator(const std::string& listen,
                                        Child& coordinator, std::string& ended) {
   const std::string bin = SelfDir() + "/baton-coordinator";
   coordinator.name = "coordinator";
-  coordinator.coordinator = true;
   std::vector<std::string> argv = {bin, "--listen=" + listen};
-  for (const std::string& f : std::vector<std::string>(
-           absl::StrSplit(FLAGS_coordinator_flags, ' ', absl::SkipEmpty()))) {
-    argv.emplace_back(f);
+  for (std::string& f : SplitFlags(FLAGS_coordinator_flags)) {
+    argv.push_back(std::move(f));
   }
   if (!Spawn(coordinator, argv, {}, true, false, CoordinatorLog())) {
     ended = absl::StrCat("cannot be started (", bin, ": ", std::strerror(errno),
@@ -312,15 +199,13 @@ std::string Launcher::StartCoordinator(const std::string& listen,
 bool Launcher::StartCluster() {
   char pattern[] = "/tmp/batonrun.XXXXXX";
   dir_ = mkdtemp(pattern);
-  Child coordinator;
   std::string ended;
-  coordinator_ = StartCoordinator("127.0.0.1:0", coordinator, ended);
-  if (coordinator.pid > 0) children_.push_back(coordinator);
+  coordinator_ = StartCoordinator("127.0.0.1:0", coordinator_child_, ended);
   if (coordinator_.empty()) {
     Say("the coordinator " + ended + "; see " + CoordinatorLog());
     return false;
   }
-  absl::StatusOr<int> master_port = batonrun::ChooseMasterPort();
+  absl::StatusOr<int> master_port = ChooseMasterPort();
   if (!master_port.ok()) {
     Say(std::string(master_port.status().message()));
     return false;
@@ -370,163 +255,76 @@ bool Launcher::RestartCoordinator(Child& c) {
   return true;
 }
 
-bool Launcher::StartTrainers(int node, const std::string& socket,
-                             int first_rank, bool exact_rank) {
-  const int p = FLAGS_procs_per_node;
-  for (int local = 0; local < p; ++local) {
-    Child trainer;
-    trainer.trainer = true;
-    const int rank = first_rank + local;
-    trainer.name = exact_rank ? absl::StrCat("rank ", rank)
-                              : absl::StrCat("local rank ", local);
-    std::vector<std::string> env = {
-        "BATON_AGENT_SOCKET=" + socket,
-        "BATON_JOB=" + FLAGS_job,
-        absl::StrCat("LOCAL_RANK=", local),
-        absl::StrCat("LOCAL_WORLD_SIZE=", p),
-        absl::StrCat("BATON_NODES=", FLAGS_nodes),
-        absl::StrCat("WORLD_SIZE=", FLAGS_nodes * p),
-    };
-    if (exact_rank) env.push_back(absl::StrCat("RANK=", rank));
-    if (master_port_ != 0) {
-      // The same on every trainer: rank 0 hosts torch's store there.
-      env.push_back("MASTER_ADDR=127.0.0.1");
-      env.push_back(absl::StrCat("MASTER_PORT=", master_port_));
+NodeSupervisor::Options Launcher::NodeOptions(
+    const std::vector<std::string>& command) const {
+  NodeSupervisor::Options o;
+  o.nodes = FLAGS_nodes;
+  o.procs_per_node = FLAGS_procs_per_node;
+  o.job = FLAGS_job;
+  o.min_nodes = FLAGS_min_nodes == 0 ? FLAGS_nodes : FLAGS_min_nodes;
+  o.restarts = FLAGS_restarts;
+  o.stop_grace = std::chrono::milliseconds(FLAGS_stop_grace_ms);
+  o.coordinator = embedded_ ? coordinator_ : FLAGS_coordinator;
+  o.embedded = embedded_;
+  o.dir = dir_;
+  o.agent_binary = SelfDir() + "/baton-agent";
+  o.agent_flags = SplitFlags(FLAGS_agent_flags);
+  o.socket = FLAGS_socket;
+  o.master_port = master_port_;
+  o.command = command;
+  o.interrupted = [] { return received_signal != 0; };
+  return o;
+}
+
+bool Launcher::StartNodes(NodeSupervisor& nodes) {
+  if (!embedded_) return nodes.Start(1);
+  StatusClient status(coordinator_, absl::Seconds(2));
+  for (int node = 1; node <= FLAGS_nodes; ++node) {
+    if (!nodes.Start(node)) return false;
+    // The next node starts once this one joined: node ranks follow join
+    // order, so ranks are exactly as announced in RANK.
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (node < FLAGS_nodes && Members(status, FLAGS_job) < node &&
+           received_signal == 0) {
+      int wait_status = 0;
+      const pid_t pid = waitpid(-1, &wait_status, WNOHANG);
+      if (pid > 0) {
+        if (pid == coordinator_child_.pid && !coordinator_child_.done) {
+          coordinator_child_.done = true;
+          coordinator_child_.status = wait_status;
+          if (RestartCoordinator(coordinator_child_)) continue;
+        } else {
+          nodes.Reap(pid, wait_status);
+        }
+        // Something ended before its node joined: reported by the caller.
+        return true;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        Say(absl::StrCat("node n", node, " did not join job \"", FLAGS_job,
+                         "\" within 60 s; see ", dir_));
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    const std::string coordinator =
-        coordinator_.empty() ? FLAGS_coordinator : coordinator_;
-    if (!coordinator.empty()) env.push_back("BATON_COORDINATOR=" + coordinator);
-    if (!Spawn(trainer, command_, env, true, true, "")) {
-      Say("cannot start " + command_[0]);
-      return false;
-    }
-    const std::string tag = exact_rank ? std::to_string(rank)
-                                       : absl::StrCat("node", node, ".", local);
-    copiers_.emplace_back(PrefixLines, trainer.stdout_fd, tag);
-    children_.push_back(trainer);
   }
   return true;
 }
 
-Child* Launcher::Reap(pid_t pid, int status) {
-  for (Child& c : children_) {
-    if (c.pid == pid) {
-      c.done = true;
-      c.status = status;
-      return &c;
-    }
-  }
-  return nullptr;
-}
-
-void Launcher::Stop(bool trainers) {
-  for (Child& c : children_) {
-    if (!c.done && c.trainer == trainers) kill(c.pid, SIGTERM);
-  }
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(FLAGS_stop_grace_ms);
-  for (;;) {
-    bool left = false;
-    for (Child& c : children_) {
-      if (c.done || c.trainer != trainers) continue;
-      int status = 0;
-      if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        c.done = true;
-        c.status = status;
-      } else {
-        left = true;
-      }
-    }
-    if (!left) return;
-    if (std::chrono::steady_clock::now() > deadline) {
-      for (Child& c : children_) {
-        if (!c.done && c.trainer == trainers) kill(c.pid, SIGKILL);
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
-std::atomic<int> received_signal{0};
-
 int Launcher::Run(const std::vector<std::string>& command) {
-  command_ = command;
-  const bool embedded = FLAGS_coordinator.empty();
-  bool ok = true;
-  if (embedded) {
-    ok = StartCluster();
-    std::unique_ptr<StatusClient> status;
-    if (ok) {
-      status = std::make_unique<StatusClient>(coordinator_, absl::Seconds(2));
-    }
-    for (int node = 1; ok && node <= FLAGS_nodes; ++node) {
-      const std::string socket = absl::StrCat(dir_, "/agent", node, ".sock");
-      Child agent;
-      agent.name = absl::StrCat("agent n", node);
-      std::vector<std::string> argv = {
-          SelfDir() + "/baton-agent", "--coordinator=" + coordinator_,
-          absl::StrCat("--node=n", node), "--socket=" + socket};
-      for (const std::string& f : std::vector<std::string>(
-               absl::StrSplit(FLAGS_agent_flags, ' ', absl::SkipEmpty()))) {
-        argv.emplace_back(f);
-      }
-      const std::string log = absl::StrCat(dir_, "/agent", node, ".log");
-      ok = Spawn(agent, argv, {}, true, false, log) &&
-           !ReadReadyLine(agent.stdout_fd, "baton-agent ",
-                          std::chrono::seconds(10))
-                .empty();
-      children_.push_back(agent);
-      if (!ok) {
-        Say(absl::StrCat("agent n", node, " did not start; see ", log));
-        break;
-      }
-      const int first = (node - 1) * FLAGS_procs_per_node;
-      ok = StartTrainers(node, socket, first, /*exact_rank=*/true);
-      if (early_exit_) break;
-      // The next node starts once this one joined: node ranks follow join
-      // order, so ranks are exactly as announced in RANK.
-      const auto deadline =
-          std::chrono::steady_clock::now() + std::chrono::seconds(60);
-      while (ok && node < FLAGS_nodes && Members(*status, FLAGS_job) < node &&
-             received_signal == 0) {
-        int status = 0;
-        const pid_t pid = waitpid(-1, &status, WNOHANG);
-        if (pid > 0) {
-          Child* ended = Reap(pid, status);
-          if (ended != nullptr && ended->coordinator &&
-              RestartCoordinator(*ended)) {
-            continue;
-          }
-          // Something else ended before its node joined: report it below.
-          early_exit_ = true;
-          break;
-        }
-        if (std::chrono::steady_clock::now() > deadline) {
-          Say(absl::StrCat("node n", node, " did not join job \"", FLAGS_job,
-                           "\" within 60 s; see ", dir_));
-          ok = false;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-  } else {
-    ok = StartTrainers(1, FLAGS_socket, 0, /*exact_rank=*/false);
-  }
+  bool ok = !embedded_ || StartCluster();
+  NodeSupervisor nodes(NodeOptions(command));
+  ok = ok && StartNodes(nodes);
 
   int exit_code = ok ? 0 : 1;
   std::string failure;
-  for (const Child& c : children_) {
-    if (c.done && (Failed(c.status) || !c.trainer)) {
-      failure = absl::StrCat(c.name, " (pid ", c.pid, ") ", Describe(c.status),
-                             c.trainer ? "" : "; its log is in " + dir_);
-    }
-  }
+  if (coordinator_child_.done) failure = CoordinatorEnded();
+  const std::string early = nodes.EarlyFailure();
+  if (!early.empty()) failure = early;
   if (!failure.empty()) ok = false;
-  // Wait for the trainers; the first failure stops the others.
-  while (ok) {
-    bool running = false;
-    for (const Child& c : children_) running |= c.trainer && !c.done;
-    if (!running) break;
+  // Wait for the trainers; a node that dies fails the job, or is restarted
+  // or lost when the job is elastic.
+  while (ok && nodes.TrainersRunning()) {
     if (received_signal != 0) {
       Say(absl::StrCat("received ", strsignal(received_signal),
                        "; stopping the trainers"));
@@ -539,36 +337,49 @@ int Launcher::Run(const std::vector<std::string>& command) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
     }
-    Child* ended = Reap(pid, status);
-    if (ended == nullptr) continue;
-    if (ended->coordinator && RestartCoordinator(*ended)) continue;
-    if (ended->trainer && Failed(status)) {
-      failure =
-          absl::StrCat(ended->name, " (pid ", pid, ") ", Describe(status));
-    } else if (!ended->trainer) {
-      failure = absl::StrCat(ended->name, " (pid ", pid, ") ", Describe(status),
-                             "; its log is in ", dir_);
+    if (pid == coordinator_child_.pid && !coordinator_child_.done) {
+      coordinator_child_.done = true;
+      coordinator_child_.status = status;
+      if (RestartCoordinator(coordinator_child_)) continue;
+      failure = CoordinatorEnded();
+      break;
     }
-    if (!failure.empty()) break;
+    const NodeSupervisor::Outcome outcome = nodes.OnExit(pid, status);
+    if (outcome == NodeSupervisor::Outcome::kFailed) {
+      failure = nodes.failure();
+      break;
+    }
+    if (outcome == NodeSupervisor::Outcome::kInterrupted) {
+      Say(absl::StrCat("received ", strsignal(received_signal),
+                       " while restarting a node; stopping the trainers"));
+      exit_code = 128 + received_signal;
+      break;
+    }
   }
-  Stop(/*trainers=*/true);
-  Stop(/*trainers=*/false);
-  for (std::thread& t : copiers_) t.join();
+  const auto grace = std::chrono::milliseconds(FLAGS_stop_grace_ms);
+  Stop(nodes.RunningTrainers(), grace);
+  std::vector<Child*> rest = nodes.RunningAgents();
+  rest.push_back(&coordinator_child_);
+  Stop(rest, grace);
+  nodes.AwaitOutput();
   if (!failure.empty()) {
     Say(failure + "; stopped the others");
     return 1;
   }
-  if (exit_code == 0 && embedded && restart_count_ > 0) {
+  if (exit_code != 0 || !embedded_) return exit_code;
+  const std::string summary = nodes.Summary();
+  if (!summary.empty()) Say(summary + "; kept the agents' logs in " + dir_);
+  if (restart_count_ > 0) {
     Say(absl::StrCat("the coordinator was restarted ", Times(restart_count_),
                      "; kept its log ", CoordinatorLog()));
-  } else if (exit_code == 0 && embedded) {
+  } else if (summary.empty()) {
     std::system(absl::StrCat("rm -rf ", dir_).c_str());
   }
   return exit_code;
 }
 
 }  // namespace
-}  // namespace baton
+}  // namespace baton::batonrun
 
 int main(int argc, char** argv) {
   // --procs-per-node is the documented spelling; gflags wants underscores.
@@ -589,7 +400,8 @@ int main(int argc, char** argv) {
   // line and exit 2 for an unknown flag.
   baton::InitProcess(
       &flag_argc, &argv,
-      "batonrun --nodes N --procs-per-node P [--coordinator ADDR] -- CMD ...");
+      "batonrun --nodes N --procs-per-node P [--min-nodes M] [--restarts R] "
+      "[--coordinator ADDR] -- CMD ...");
   if (flag_argc > 1) {
     std::fprintf(stderr,
                  "batonrun: unexpected argument \"%s\" before \"--\": "
@@ -618,6 +430,26 @@ int main(int argc, char** argv) {
                  FLAGS_nodes, FLAGS_procs_per_node);
     return 2;
   }
+  if (FLAGS_min_nodes < 0 || FLAGS_min_nodes > FLAGS_nodes) {
+    std::fprintf(stderr,
+                 "batonrun: --min-nodes=%d must be in 1..%d (--nodes); 0 or "
+                 "unset: --nodes, a job that is not elastic\n",
+                 FLAGS_min_nodes, FLAGS_nodes);
+    return 2;
+  }
+  if (FLAGS_restarts < 0 || FLAGS_restarts > 100) {
+    std::fprintf(stderr, "batonrun: --restarts=%d must be in 0..100\n",
+                 FLAGS_restarts);
+    return 2;
+  }
+  if (FLAGS_restarts > 0 && !FLAGS_coordinator.empty()) {
+    std::fprintf(stderr,
+                 "batonrun: --restarts=%d needs the embedded cluster, but "
+                 "--coordinator=%s starts only this node's trainers: leave "
+                 "restarting the node to what runs it (e.g. Kubernetes)\n",
+                 FLAGS_restarts, FLAGS_coordinator.c_str());
+    return 2;
+  }
   // Signals go to a thread that records them; the main loop forwards.
   sigset_t signals;
   sigemptyset(&signals);
@@ -627,7 +459,7 @@ int main(int argc, char** argv) {
   std::thread([signals] {
     int sig = 0;
     sigwait(&signals, &sig);
-    baton::received_signal = sig;
+    baton::batonrun::received_signal = sig;
   }).detach();
-  return baton::Launcher().Run(command);
+  return baton::batonrun::Launcher().Run(command);
 }
