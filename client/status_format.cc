@@ -105,6 +105,34 @@ std::string MembershipTable(const v1::JobStatus& job, absl::Time now) {
   return table.Render("  ");
 }
 
+// "0.42 s".
+std::string FormatSeconds(int64_t millis) {
+  return absl::StrFormat("%.2f s", millis / 1000.0);
+}
+
+// The nodes lost and joined, then the last kRecentReforms re-forms, oldest
+// first; one in progress says so, with its duration so far.
+std::string ReformsSection(const v1::JobStatus& job, absl::Time now) {
+  std::string body = absl::StrCat("  nodes lost: ", job.members_lost(),
+                                  ", joined: ", job.members_joined(), "\n");
+  const int first = std::max(0, job.reforms_size() - kRecentReforms);
+  if (first < job.reforms_size()) {
+    TextTable table({"GENERATION", "STARTED", "CAUSE", "NODE", "DURATION",
+                     "NODES", "OUTCOME"});
+    for (int i = first; i < job.reforms_size(); ++i) {
+      const v1::Reform& r = job.reforms(i);
+      table.AddRow(
+          {absl::StrCat(r.aborted_generation(), " -> ", r.new_generation()),
+           FormatAgo(r.started_unix_ms(), now), r.cause(), r.node_name(),
+           FormatSeconds(r.duration_ms()),
+           absl::StrCat(r.nodes_before(), " -> ", r.nodes_after()),
+           r.outcome().empty() ? "in progress" : r.outcome()});
+    }
+    body += table.Render("  ");
+  }
+  return Section("Re-forms", body);
+}
+
 // The ranks behind the fastest one, slowest first.
 std::string LaggingRanks(const v1::JobStatus& job) {
   std::vector<v1::RankStatus> lagging;
@@ -224,6 +252,7 @@ using client::EventLines;
 using client::kNone;
 using client::MembershipTable;
 using client::MismatchesSection;
+using client::ReformsSection;
 using client::SchedulingSection;
 using client::Section;
 using client::StallsSection;
@@ -271,8 +300,9 @@ std::string JobStateName(v1::JobState state) {
 std::string FormatJob(const v1::JobStatus& job, absl::Time now) {
   return absl::StrCat(
       "======== job ", job.job(), " ========\n", StateSection(job, now),
-      Section("Membership", MembershipTable(job, now)), StepSection(job),
-      SchedulingSection(job), StallsSection(job), MismatchesSection(job),
+      Section("Membership", MembershipTable(job, now)),
+      ReformsSection(job, now), StepSection(job), SchedulingSection(job),
+      StallsSection(job), MismatchesSection(job),
       Section("Recent events", EventLines(job, kRecentEvents, now)));
 }
 

@@ -381,8 +381,8 @@ int Coordinator::ConnectedAgents() const {
   return agents;
 }
 
-int64_t Coordinator::MembersLost(const std::string& job) const {
-  return jobs_.MembersLost(job);
+ReformHistogram Coordinator::ReformSeconds(const std::string& job) const {
+  return jobs_.ReformSeconds(job);
 }
 
 void Coordinator::Tick() {

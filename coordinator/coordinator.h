@@ -14,6 +14,7 @@
 #include "coordinator/agent_channel.h"
 #include "coordinator/coordinator_options.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/reform_log.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/session_manager.h"
 #include "coordinator/step_manager.h"
@@ -54,9 +55,9 @@ class Coordinator : private JobListener {
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job) const;
 
   // Metrics beyond the job status: agents with an open session (that said
-  // hello), and the members `job` lost since it was created.
+  // hello), and how long `job`'s sealed re-forms took.
   int ConnectedAgents() const;
-  int64_t MembersLost(const std::string& job) const;
+  ReformHistogram ReformSeconds(const std::string& job) const;
   // The job's tensor plan with each tensor's latency over the members' last
   // report interval. NOT_FOUND for an unknown job.
   absl::StatusOr<v1::TensorsStatus> GetTensors(const std::string& job) const;

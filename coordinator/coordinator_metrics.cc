@@ -1,5 +1,6 @@
 #include "coordinator/coordinator_metrics.h"
 
+#include <limits>
 #include <memory>
 #include <utility>
 
@@ -39,6 +40,21 @@ void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels,
   family.metric.push_back(std::move(metric));
 }
 
+void AddHistogram(MetricFamily& family, std::vector<ClientMetric::Label> labels,
+                  const ReformHistogram& histogram) {
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  metric.histogram.sample_count = histogram.count;
+  metric.histogram.sample_sum = histogram.sum_seconds;
+  for (size_t i = 0; i < ReformHistogram::kBounds.size(); ++i) {
+    metric.histogram.bucket.push_back(
+        {histogram.cumulative[i], ReformHistogram::kBounds[i]});
+  }
+  metric.histogram.bucket.push_back(
+      {histogram.count, std::numeric_limits<double>::infinity()});
+  family.metric.push_back(std::move(metric));
+}
+
 // JOB_STATE_REFORMING -> "reforming".
 std::string StateLabel(v1::JobState state) {
   return absl::AsciiStrToLower(
@@ -58,7 +74,7 @@ CoordinatorMetrics::Snapshot CoordinatorMetrics::Take(
   snapshot.connected_agents = coordinator.ConnectedAgents();
   snapshot.jobs = coordinator.ListJobs();
   for (const v1::JobStatus& job : snapshot.jobs.jobs()) {
-    snapshot.members_lost[job.job()] = coordinator.MembersLost(job.job());
+    snapshot.reform_seconds[job.job()] = coordinator.ReformSeconds(job.job());
   }
   return snapshot;
 }
@@ -130,6 +146,17 @@ std::vector<MetricFamily> CoordinatorMetrics::Families(
       "Member nodes the job lost (session ended or silent, left unfinished) "
       "since it was created.",
       MetricType::Counter);
+  MetricFamily joined = NewFamily(
+      "baton_members_joined_total",
+      "Nodes that joined the job after its first seal (into a running or "
+      "re-forming job).",
+      MetricType::Counter);
+  MetricFamily reform_seconds = NewFamily(
+      "baton_reform_seconds",
+      "How long the job's re-forms took, from the abort of the running "
+      "generation until the next seal (re-forms that ended the job are not "
+      "observed).",
+      MetricType::Histogram);
   MetricFamily lag =
       NewFamily("baton_rank_lag_steps",
                 "Steps the rank is behind the fastest rank of its job.",
@@ -141,8 +168,12 @@ std::vector<MetricFamily> CoordinatorMetrics::Families(
     AddSample(nodes, labels, job.members_size());
     AddSample(global_step, labels, job.global_step());
     AddSample(stalled, labels, job.stalls_size());
-    auto it = snapshot.members_lost.find(job.job());
-    AddSample(lost, labels, it == snapshot.members_lost.end() ? 0 : it->second);
+    AddSample(lost, labels, job.members_lost());
+    AddSample(joined, labels, job.members_joined());
+    auto it = snapshot.reform_seconds.find(job.job());
+    AddHistogram(
+        reform_seconds, labels,
+        it == snapshot.reform_seconds.end() ? ReformHistogram() : it->second);
     for (const v1::MemberStatus& member : job.members()) {
       for (const v1::RankStatus& rank : member.ranks()) {
         AddSample(lag,
@@ -153,8 +184,9 @@ std::vector<MetricFamily> CoordinatorMetrics::Families(
   }
 
   std::vector<MetricFamily> families;
-  for (MetricFamily* family : {&agents, &jobs, &generation, &world_size, &nodes,
-                               &global_step, &stalled, &lost, &lag}) {
+  for (MetricFamily* family :
+       {&agents, &jobs, &generation, &world_size, &nodes, &global_step,
+        &stalled, &lost, &joined, &reform_seconds, &lag}) {
     // A family without samples (no jobs yet) is left out rather than
     // announced empty.
     if (!family->metric.empty()) families.push_back(std::move(*family));

@@ -8,6 +8,7 @@
 #include "baton/v1/status.pb.h"
 #include "coordinator/control_loop.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/reform_log.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 
@@ -28,7 +29,7 @@ class CoordinatorMetrics : public prometheus::Collectable {
     int connected_agents = 0;
     v1::ListJobsResponse jobs;
     // By job name.
-    absl::flat_hash_map<std::string, int64_t> members_lost;
+    absl::flat_hash_map<std::string, ReformHistogram> reform_seconds;
   };
 
   // `loop` and `coordinator` must outlive every scrape: destroy the

@@ -17,6 +17,7 @@
 #include "baton/v1/status.pb.h"
 #include "common/ids.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/reform_log.h"
 
 namespace baton::coordinator {
 namespace job_internal {
@@ -106,8 +107,15 @@ struct JobManager::Job {
   std::vector<JobManager::HeldJoin> held_joins;
   std::deque<v1::JobEvent> events;
   // Members lost (session ended or silent, left unfinished, not back after
-  // a coordinator restart) since the job was created; for the metrics.
+  // a coordinator restart) since the job was created.
   int64_t members_lost = 0;
+  // Nodes that joined after the first seal (into a running or re-forming
+  // job).
+  int64_t members_joined = 0;
+  // Every abort of a running generation until the next seal or the job's
+  // end. A job rebuilt after a coordinator restart starts with none, like
+  // the two counts above.
+  ReformLog reforms;
 };
 
 }  // namespace baton::coordinator

@@ -242,6 +242,7 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
   member.joined = now;
   job->AddMember(std::move(member));
   session.jobs.insert(job->name);
+  if (job->state != v1::JOB_STATE_FORMING) ++job->members_joined;
   Event(
       *job, "join",
       absl::StrCat("node ", session.node_name, " joined (", join.local_size(),
@@ -270,6 +271,8 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
     }
     job->generation = aborted + 1;
     job->state = v1::JOB_STATE_REFORMING;
+    job->reforms.Start(now, aborted, job->generation, ReformCause::kJoined,
+                       session.node_name, reason, job->membership.nodes_size());
     listener_->OnGenerationAborted(job->name, aborted, reason);
     Seal(*job);
     return absl::OkStatus();
@@ -328,6 +331,7 @@ void JobManager::Seal(Job& job) {
     ranks[member.node_name] = member.node_rank;
   }
   job.SetMembership(membership);
+  job.reforms.Sealed(clock_->Now(), membership.nodes_size());
   job.state = v1::JOB_STATE_RUNNING;
   job.reason = absl::StrCat("generation ", job.generation, " sealed with ",
                             job.members.size(), " nodes, world size ", offset);
@@ -341,7 +345,7 @@ void JobManager::Seal(Job& job) {
 }
 
 void JobManager::LoseMember(Job& job, const std::string& node_name,
-                            const std::string& why) {
+                            ReformCause cause, const std::string& why) {
   auto it =
       std::find_if(job.members.begin(), job.members.end(),
                    [&](const Member& m) { return m.node_name == node_name; });
@@ -390,9 +394,12 @@ void JobManager::LoseMember(Job& job, const std::string& node_name,
     // Later losses while re-forming only go to the event log: a mass failure
     // of k nodes must not cost k broadcasts to every survivor.
     const int64_t aborted = job.generation;
+    const absl::Time now = clock_->Now();
     job.generation = aborted + 1;
     job.state = v1::JOB_STATE_REFORMING;
-    job.reform_deadline = clock_->Now() + options_.reform_timeout;
+    job.reform_deadline = now + options_.reform_timeout;
+    job.reforms.Start(now, aborted, job.generation, cause, node_name, what,
+                      job.membership.nodes_size());
     v1::CoordinatorMessage notice;
     auto* abort = notice.mutable_generation_aborted();
     abort->set_job(job.name);
@@ -431,6 +438,8 @@ void JobManager::EndJob(Job& job, v1::JobState state,
   job.state = state;
   job.reason = reason;
   job.ended = clock_->Now();
+  job.reforms.Ended(job.ended, static_cast<int32_t>(job.members.size()),
+                    absl::StrCat(StateName(state), ": ", reason));
   Event(job, state == v1::JOB_STATE_FINISHED ? "finished" : "failed", reason);
   v1::CoordinatorMessage message;
   auto* ended = message.mutable_job_ended();
@@ -507,7 +516,8 @@ absl::Status JobManager::Leave(Session& session, const v1::LeaveJob& leave) {
                                  ? std::string("no reason given")
                                  : leave.reason().substr(0, 512);
   if (!leave.finished() || job->state == v1::JOB_STATE_FORMING) {
-    LoseMember(*job, session.node_name, absl::StrCat("left the job: ", reason));
+    LoseMember(*job, session.node_name, ReformCause::kLeft,
+               absl::StrCat("left the job: ", reason));
     ResealIfWhole(leave.job());
     JoinReleased();
     return absl::OkStatus();
@@ -559,7 +569,7 @@ void JobManager::OnSessionsLost(const std::vector<LostSession>& lost) {
       if (job == nullptr) continue;
       Member* member = FindMember(*job, session.node_name);
       if (member == nullptr || member->session != session.id) continue;
-      LoseMember(*job, session.node_name, entry.why);
+      LoseMember(*job, session.node_name, ReformCause::kLost, entry.why);
       affected.insert(name);
     }
   }
@@ -691,7 +701,7 @@ void JobManager::Tick() {
         }
         for (const std::string& node : missing) {
           if (FindJob(name) == nullptr) break;
-          LoseMember(*job, node,
+          LoseMember(*job, node, ReformCause::kLost,
                      absl::StrCat("did not reconnect within ",
                                   Seconds(options_.liveness_timeout),
                                   " after the coordinator restarted"));
@@ -747,6 +757,10 @@ absl::Status JobManager::FillStatus(const std::string& job_name,
                              ? job->membership.world_size()
                              : world_size);
   for (const v1::JobEvent& event : job->events) *status->add_events() = event;
+  job->reforms.Fill(clock_->Now(), static_cast<int32_t>(job->members.size()),
+                    status);
+  status->set_members_lost(job->members_lost);
+  status->set_members_joined(job->members_joined);
   return absl::OkStatus();
 }
 
@@ -757,9 +771,9 @@ std::vector<std::string> JobManager::JobNames() const {
   return names;
 }
 
-int64_t JobManager::MembersLost(const std::string& job) const {
+ReformHistogram JobManager::ReformSeconds(const std::string& job) const {
   const Job* found = FindJob(job);
-  return found == nullptr ? 0 : found->members_lost;
+  return found == nullptr ? ReformHistogram() : found->reforms.sealed_seconds();
 }
 
 }  // namespace baton::coordinator

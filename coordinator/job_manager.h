@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/ids.h"
 #include "coordinator/coordinator_options.h"
+#include "coordinator/reform_log.h"
 #include "coordinator/session_manager.h"
 
 namespace baton::coordinator {
@@ -103,13 +104,14 @@ class JobManager {
   // Deadlines: re-form timeouts, reconnects after recovery, retention.
   void Tick();
 
-  // Job-level status (state, generation, members, events); other managers
-  // add theirs. NOT_FOUND for an unknown job.
+  // Job-level status (state, generation, members, events, re-forms and the
+  // nodes lost and joined); other managers add theirs. NOT_FOUND for an
+  // unknown job.
   absl::Status FillStatus(const std::string& job, v1::JobStatus* status) const;
   std::vector<std::string> JobNames() const;
-  // Members the job lost since it was created (every "lost" event, also
-  // those the bounded event log no longer holds); 0 for an unknown job.
-  int64_t MembersLost(const std::string& job) const;
+  // How long the job's sealed re-forms took, since the job was created (or
+  // rebuilt after a coordinator restart); empty for an unknown job.
+  ReformHistogram ReformSeconds(const std::string& job) const;
 
  private:
   struct Member;
@@ -126,9 +128,11 @@ class JobManager {
   absl::Status CheckJoinMatchesJob(const Job& job, const v1::JoinJob& join,
                                    const Session& session) const;
   void Seal(Job& job);
-  // Removes `node_name` from the job for `why` (lost, left or timed out).
-  // Callers then ResealIfWhole, once per batch of losses.
-  void LoseMember(Job& job, const std::string& node_name,
+  // Removes `node_name` from the job for `why` (lost, left or timed out);
+  // `cause` (kLost or kLeft) is the cause of the re-form this starts when
+  // the job was running. Callers then ResealIfWhole, once per batch of
+  // losses.
+  void LoseMember(Job& job, const std::string& node_name, ReformCause cause,
                   const std::string& why);
   // Seals a re-forming job that has min_nodes members again.
   void ResealIfWhole(const std::string& job);

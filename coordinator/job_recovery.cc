@@ -82,7 +82,11 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
   if (created) {
     // Recovery: the coordinator restarted and knows nothing of this job.
     // Rebuild it, at the same generation, from the agent's view; the other
-    // members get a liveness timeout to report in.
+    // members get a liveness timeout to report in. Its history is soft state
+    // the agents do not report: the rebuilt job has no re-form records and
+    // counts nodes lost and joined from 0, so status shows only what
+    // happened since the restart (the first re-form aborts the recovered
+    // generation) and the metrics' counters reset, as after any restart.
     job = &NewJob(m.job(), m.generation(), rejoin.expected_nodes(),
                   rejoin.min_nodes(), rejoin.partition_bytes(),
                   session.node_name);

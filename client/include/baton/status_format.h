@@ -28,10 +28,13 @@ std::string FormatAgo(int64_t unix_ms, absl::Time now);
 // The proto's name in lower case: "running", "reforming", ...
 std::string JobStateName(v1::JobState state);
 
-// `batonctl status JOB`: the sections State, Membership, Step, Scheduling,
-// Stalls, Mismatches and Recent events (the last kRecentEvents) of one job.
+// `batonctl status JOB`: the sections State, Membership, Re-forms (the
+// nodes lost and joined, and the last kRecentReforms re-forms), Step,
+// Scheduling, Stalls, Mismatches and Recent events (the last kRecentEvents)
+// of one job.
 std::string FormatJob(const v1::JobStatus& job, absl::Time now);
 inline constexpr int kRecentEvents = 10;
+inline constexpr int kRecentReforms = 5;
 
 // `batonctl status`: FormatJob for every job, separated by a blank line.
 std::string FormatJobs(const v1::ListJobsResponse& jobs, absl::Time now);

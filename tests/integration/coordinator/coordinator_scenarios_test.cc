@@ -292,6 +292,20 @@ TEST_F(CoordinatorScenariosTest, CrashedAgentIsLostAtOnce) {
   // min_nodes=1: re-sealed at once with the survivor.
   const v1::Membership m = a->AwaitMembership(2);
   EXPECT_EQ(m.world_size(), 1);
+  // The status service reports the re-form.
+  const v1::JobStatus status = GetJob("job");
+  ASSERT_EQ(status.reforms_size(), 1);
+  const v1::Reform& reform = status.reforms(0);
+  EXPECT_EQ(reform.aborted_generation(), 1);
+  EXPECT_EQ(reform.new_generation(), 2);
+  EXPECT_EQ(reform.cause(), "lost");
+  EXPECT_EQ(reform.node_name(), "n1");
+  EXPECT_EQ(reform.reason(), notice->generation_aborted().reason());
+  EXPECT_EQ(reform.nodes_before(), 2);
+  EXPECT_EQ(reform.nodes_after(), 1);
+  EXPECT_EQ(reform.outcome(), "sealed");
+  EXPECT_EQ(status.members_lost(), 1);
+  EXPECT_EQ(status.members_joined(), 0);
 }
 
 TEST_F(CoordinatorScenariosTest, GlobalStepAndLagFollowTheSlowestRank) {

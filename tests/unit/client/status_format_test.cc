@@ -59,6 +59,37 @@ v1::MemberStatus* AddMember(v1::JobStatus& job, const std::string& name,
   return m;
 }
 
+v1::Reform* AddReform(v1::JobStatus& job, int64_t aborted,
+                      const std::string& cause, const std::string& node,
+                      int64_t seconds_ago, int64_t duration_ms, int32_t before,
+                      int32_t after, const std::string& outcome) {
+  v1::Reform* r = job.add_reforms();
+  r->set_aborted_generation(aborted);
+  r->set_new_generation(aborted + 1);
+  r->set_cause(cause);
+  r->set_node_name(node);
+  r->set_reason("node " + node + " " + cause);
+  r->set_started_unix_ms(kNowMs - seconds_ago * 1000);
+  r->set_duration_ms(duration_ms);
+  r->set_nodes_before(before);
+  r->set_nodes_after(after);
+  r->set_outcome(outcome);
+  return r;
+}
+
+// The lines of `text` from the one that is `title` to the next section's
+// title (a line that does not start with a space).
+std::string SectionOf(const std::string& text, const std::string& title) {
+  const size_t start = text.find("\n" + title + "\n");
+  if (start == std::string::npos) return "";
+  size_t end = start + title.size() + 2;
+  while (end < text.size() && text[end] == ' ') {
+    end = text.find('\n', end);
+    end = end == std::string::npos ? text.size() : end + 1;
+  }
+  return text.substr(start + 1, end - start - 1);
+}
+
 void AddEvent(v1::JobStatus& job, int64_t seconds_ago, const std::string& kind,
               int64_t generation, const std::string& message) {
   v1::JobEvent* e = job.add_events();
@@ -127,6 +158,10 @@ v1::JobStatus RunningJob() {
   AddEvent(job, 95, "lost", 2, "node n2 lost: session closed");
   AddEvent(job, 80, "reforming", 2, "waiting for 2 nodes");
   AddEvent(job, 5, "sealed", 3, "generation 3 sealed with 2 nodes");
+  AddReform(job, 1, "lost", "n2", 95, 420, 2, 1, "sealed");
+  AddReform(job, 2, "joined", "n2", 5, 0, 1, 2, "sealed");
+  job.set_members_lost(1);
+  job.set_members_joined(1);
   return job;
 }
 
@@ -174,6 +209,45 @@ TEST(BatonctlFormatTest, EmptySectionsOfAFormingJobSayNone) {
   job.set_min_nodes(2);
   job.set_global_step(-1);
   ExpectGolden("status_forming.txt", FormatJob(job, kNow));
+}
+
+// A job re-forming for the seventh time: the last five re-forms, the one in
+// progress with its wait so far.
+TEST(BatonctlFormatTest, ReformsShowTheLastFewAndTheOneInProgress) {
+  v1::JobStatus job;
+  job.set_job("elastic");
+  job.set_state(v1::JOB_STATE_REFORMING);
+  for (int i = 1; i <= 6; ++i) {
+    AddReform(job, i, i % 2 == 1 ? "left" : "joined", "n3", 700 - i * 100,
+              i * 10, 3, 2, "sealed");
+  }
+  AddReform(job, 7, "lost", "n1", 12, 12345, 3, 2, "");
+  job.set_members_lost(4);
+  job.set_members_joined(3);
+  EXPECT_EQ(SectionOf(FormatJob(job, kNow), "Re-forms"),
+            "Re-forms\n"
+            "  nodes lost: 4, joined: 3\n"
+            "  GENERATION  STARTED    CAUSE   NODE  DURATION  NODES   OUTCOME\n"
+            "  3 -> 4      6m40s ago  left    n3    0.03 s    3 -> 2  sealed\n"
+            "  4 -> 5      5m0s ago   joined  n3    0.04 s    3 -> 2  sealed\n"
+            "  5 -> 6      3m20s ago  left    n3    0.05 s    3 -> 2  sealed\n"
+            "  6 -> 7      1m40s ago  joined  n3    0.06 s    3 -> 2  sealed\n"
+            "  7 -> 8      12s ago    lost    n1    12.35 s   3 -> 2  in "
+            "progress\n");
+}
+
+TEST(BatonctlFormatTest, FailedReformSaysWhy) {
+  v1::JobStatus job;
+  job.set_job("failed");
+  job.set_state(v1::JOB_STATE_FAILED);
+  AddReform(job, 4, "lost", "n0", 70, 60000, 2, 1,
+            "failed: not whole again within 60.0 s (have 1 of the 2 nodes "
+            "needed) after: node n0 lost");
+  job.set_members_lost(1);
+  EXPECT_THAT(SectionOf(FormatJob(job, kNow), "Re-forms"),
+              HasSubstr("  4 -> 5      1m10s ago  lost   n0    60.00 s   2 -> "
+                        "1  failed: not whole again within 60.0 s (have 1 of "
+                        "the 2 nodes needed) after: node n0 lost\n"));
 }
 
 TEST(BatonctlFormatTest, StatusOfEveryJobSeparatesThemAndSaysWhenThereAreNone) {
@@ -270,6 +344,10 @@ TEST(BatonctlFormatTest, JsonIsTheProtoWithItsFieldNamesAndEveryField) {
   ASSERT_EQ(parsed.stalls_size(), 1);
   EXPECT_THAT(parsed.stalls(0).missing_ranks(), ::testing::ElementsAre(2, 3));
   EXPECT_EQ(parsed.events_size(), 12);
+  ASSERT_EQ(parsed.reforms_size(), 2);
+  EXPECT_EQ(parsed.reforms(0).duration_ms(), 420);
+  EXPECT_EQ(parsed.reforms(1).cause(), "joined");
+  EXPECT_EQ(parsed.members_joined(), 1);
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(parsed, job));
 }
 

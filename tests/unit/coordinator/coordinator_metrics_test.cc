@@ -80,6 +80,8 @@ TEST_F(CoordinatorMetricsTest, RunningJobShowsItsGenerationStepAndLags) {
                     {"baton_rank_lag_steps{job_name=\"job\",rank=\"2\"}", 2},
                     {"baton_job_stalled_tensors{job_name=\"job\"}", 0},
                     {"baton_members_lost_total{job_name=\"job\"}", 0},
+                    {"baton_members_joined_total{job_name=\"job\"}", 0},
+                    {"baton_reform_seconds_count{job_name=\"job\"}", 0},
                 }),
             "")
       << text;
@@ -113,6 +115,36 @@ TEST_F(CoordinatorMetricsTest, LostMemberIsCountedAndTheJobReforms) {
                        }),
       "")
       << resealed;
+}
+
+// The node comes back 1.5 s after it was lost: one re-form of 1.5 s in the
+// histogram, one join after the first seal.
+TEST_F(CoordinatorMetricsTest, ReformDurationAndJoinsAreCounted) {
+  coordinator_->OnSessionClosed(nodes_[1].id, "connection reset");
+  clock_.Advance(absl::Milliseconds(1500));
+  Agent back = Connect("n1", "i-n1-restarted");
+  Join(back, "job", 1, 2);
+  const std::string text = Scrape();
+  EXPECT_EQ(
+      SampleMismatches(
+          text,
+          {
+              {"baton_members_lost_total{job_name=\"job\"}", 1},
+              {"baton_members_joined_total{job_name=\"job\"}", 1},
+              {"baton_reform_seconds_count{job_name=\"job\"}", 1},
+              {"baton_reform_seconds_sum{job_name=\"job\"}", 1.5},
+              {"baton_reform_seconds_bucket{job_name=\"job\",le=\"0.01\"}", 0},
+              {"baton_reform_seconds_bucket{job_name=\"job\",le=\"1\"}", 0},
+              {"baton_reform_seconds_bucket{job_name=\"job\",le=\"2.5\"}", 1},
+              {"baton_reform_seconds_bucket{job_name=\"job\",le=\"600\"}", 1},
+              {"baton_reform_seconds_bucket{job_name=\"job\",le=\"+Inf\"}", 1},
+          }),
+      "")
+      << text;
+  const absl::Status promtool = CheckWithPromtool(text);
+  if (promtool.code() != absl::StatusCode::kNotFound) {
+    EXPECT_TRUE(promtool.ok()) << promtool;
+  }
 }
 
 TEST_F(CoordinatorMetricsTest, ScrapeIsAnsweredOnTheControlLoop) {
