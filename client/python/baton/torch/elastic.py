@@ -64,7 +64,17 @@ _DEFAULT_TIMEOUT_S = 600.0
 _DRAIN_TIMEOUT_S = 60.0
 
 _RESERVED = frozenset(
-    ("model", "optimizer", "commit", "restore", "sync", "check_reform", "register_reset_callbacks", "commits")
+    (
+        "model",
+        "optimizer",
+        "commit",
+        "restore",
+        "sync",
+        "check_reform",
+        "register_reset_callbacks",
+        "commits",
+        "reforms",
+    )
 )
 
 
@@ -128,6 +138,10 @@ class State:
         self._saved = None
         # The generation this state was last synchronized in.
         self._generation = None
+        # One dict per re-form this rank went through, for logs and
+        # benchmarks: from_generation, generation, size, cause (the error
+        # that stopped the function), failed_at and synced_at (time.time()).
+        self.reforms = []
 
     def register_reset_callbacks(self, callbacks):
         """Functions called (without arguments) after every re-form, once
@@ -313,9 +327,12 @@ def run(func):
         session = _bt._require()
         timeout = _timeout()
         after = None
+        reform = None
         while True:
             _synchronize(session, state, after, after is not None, time.monotonic() + timeout)
-            if after is not None:
+            if reform is not None:
+                reform.update(generation=state._generation, size=session.size(), synced_at=time.time())
+                state.reforms.append(reform)
                 for callback in state._callbacks:
                     callback()
             try:
@@ -323,10 +340,12 @@ def run(func):
                 _settle(state.optimizer)
                 return result
             except _Reformed:
-                pass
+                reform = {"cause": "the job re-formed (seen at a commit)"}
             except Exception as e:  # noqa: B902 - re-raised unless a re-form
                 if not _is_reform(e):
                     raise
+                reform = {"cause": str(e)}
+            reform.update(from_generation=state._generation, failed_at=time.time())
             after = state._generation
             _quiesce(state)
 
