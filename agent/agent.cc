@@ -42,6 +42,8 @@ const std::string& JobOf(const v1::CoordinatorMessage& m) {
       return m.job_ended().job();
     case v1::CoordinatorMessage::kTimelineRequest:
       return m.timeline_request().job();
+    case v1::CoordinatorMessage::kJoinPending:
+      return m.join_pending().job();
     default:
       return kNone;
   }

@@ -196,6 +196,9 @@ void AgentJob::Enqueue(TrainerSink* sink, uint64_t seq,
     HandleEnqueue(sink, enqueue);
   });
 }
+void AgentJob::AdmitJoins(int64_t generation) {
+  Post([this, generation] { membership_.AdmitJoins(generation); });
+}
 void AgentJob::Detach(TrainerSink* sink, uint64_t seq,
                       v1::DetachRequest request) {
   (void)seq;
@@ -308,10 +311,10 @@ void AgentJob::HandleTrainerGone(TrainerSink* sink) {
     // again here join it as a new node (baton.torch.elastic brings them
     // the state), instead of taking the lost trainer's place.
     return LeaveForTrainer(
-        rank, absl::StrCat(reason, "; the job is elastic (min_nodes ",
-                           min_nodes, " of ",
-                           trainers_.params().expected_nodes(),
-                           "), so its other nodes go on without this one"));
+        rank,
+        absl::StrCat(reason, "; the job is elastic (min_nodes ", min_nodes,
+                     " of ", trainers_.params().expected_nodes(),
+                     "), so its other nodes go on without this one"));
   }
   // The job goes on once a trainer attaches again as this local rank (a
   // restarted trainer); until then nothing can run, here or on the other

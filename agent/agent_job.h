@@ -71,6 +71,8 @@ class AgentJob {
   void Declare(TrainerSink* sink, uint64_t seq, v1::DeclareRequest request);
   void Enqueue(TrainerSink* sink, uint64_t seq, v1::EnqueueRequest request);
   void Detach(TrainerSink* sink, uint64_t seq, v1::DetachRequest request);
+  // A trainer reached a commit while nodes wait to join `generation`.
+  void AdmitJoins(int64_t generation);
   // The trainer's stream closed without a detach.
   void TrainerGone(TrainerSink* sink);
 

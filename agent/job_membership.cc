@@ -122,6 +122,14 @@ void JobMembership::HandleCoordinatorMessage(const v1::CoordinatorMessage& m) {
     case v1::CoordinatorMessage::kGenerationAborted:
       HandleGenerationAborted(m.generation_aborted());
       break;
+    case v1::CoordinatorMessage::kJoinPending:
+      if (membership_ && m.join_pending().generation() == generation()) {
+        // The trainers admit the nodes at their next commit.
+        v1::TrainerEvent event;
+        *event.mutable_join_pending() = m.join_pending();
+        trainers_.SendToAll(event);
+      }
+      break;
     case v1::CoordinatorMessage::kError:
       HandleError(m.reply_to(), m.error());
       break;
@@ -322,6 +330,21 @@ void JobMembership::AssignPlannedIds() {
     tensor.tensor_id = entry->tensor_id();
     tensor.priority = entry->priority();
   }
+}
+
+void JobMembership::AdmitJoins(int64_t generation) {
+  // Once per generation: every local trainer reaches the same commit.
+  if (!membership_ || state_ != State::kRunning ||
+      generation != membership_->generation() ||
+      admitted_generation_ == generation) {
+    return;
+  }
+  admitted_generation_ = generation;
+  v1::AgentMessage message;
+  v1::AdmitJoins* admit = message.mutable_admit_joins();
+  admit->set_job(job_);
+  admit->set_generation(generation);
+  env_.coordinator->Send(std::move(message));
 }
 
 void JobMembership::HandleGenerationAborted(const v1::GenerationAborted& a) {

@@ -108,6 +108,9 @@ class JobMembership {
   // waits for every local rank again (kAttaching; Join once they are).
   // The caller fails every operation.
   void LoseTrainer(const absl::Status& status);
+  // A trainer reached a commit while nodes wait to join `generation`: ask
+  // the coordinator to admit them (once per generation).
+  void AdmitJoins(int64_t generation);
   // The held failures' grace period, and retired data planes that finished.
   void OnTimer(absl::Time now);
   // When the held failures are reported if no lost node is named first;
@@ -196,6 +199,9 @@ class JobMembership {
   uint64_t manifest_seq_ = 0;
   uint64_t rejoin_seq_ = 0;
   std::optional<v1::Membership> membership_;
+  // The generation this node last asked the coordinator to admit joiners
+  // in (AdmitJoins).
+  int64_t admitted_generation_ = 0;
   int32_t node_rank_ = -1;
   int32_t rank_offset_ = 0;
   std::optional<v1::TensorPlan> plan_;

@@ -130,6 +130,9 @@ class TrainerReactor final
       case v1::TrainerRequest::kEnqueue:
         job_->Enqueue(sink_.get(), seq, std::move(*request_.mutable_enqueue()));
         break;
+      case v1::TrainerRequest::kAdmitJoins:
+        job_->AdmitJoins(request_.admit_joins().generation());
+        break;
       case v1::TrainerRequest::kDetach:
         detached_ = request_.detach().finished();
         job_->Detach(sink_.get(), seq, std::move(*request_.mutable_detach()));
@@ -141,8 +144,8 @@ class TrainerReactor final
         break;
       default:
         Close(absl::InvalidArgumentError(
-            "TrainerRequest has no body: give attach, declare, enqueue or "
-            "detach"));
+            "TrainerRequest has no body: give attach, declare, enqueue, "
+            "admit_joins or detach"));
         break;
     }
   }

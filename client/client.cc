@@ -457,6 +457,9 @@ class Client::Impl {
       case v1::TrainerEvent::kError:
         replies_[event.reply_to()] = event;
         break;
+      case v1::TrainerEvent::kJoinPending:
+        join_pending_generation_ = event.join_pending().generation();
+        break;
       default:
         break;
     }
@@ -573,6 +576,9 @@ class Client::Impl {
 
   mutable absl::Mutex mu_;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  // The generation nodes wait to join (TrainerEvent.join_pending); 0 for
+  // none.
+  int64_t join_pending_generation_ ABSL_GUARDED_BY(mu_) = 0;
   v1::Attached info_ ABSL_GUARDED_BY(mu_);
   absl::Status stream_status_ ABSL_GUARDED_BY(mu_);
   // stream_status_ is set: for a thread that must not wait for mu_.
@@ -682,6 +688,19 @@ absl::StatusOr<std::shared_ptr<Handle>> Client::PushPullAsync(
 absl::StatusOr<std::shared_ptr<Handle>> Client::BroadcastAsync(
     const Tensor& tensor, int64_t step, int32_t root_rank) {
   return impl_->Enqueue(tensor, step, false, root_rank);
+}
+
+bool Client::JoinPending() const {
+  absl::MutexLock lock(&impl_->mu_);
+  return impl_->join_pending_generation_ != 0 &&
+         impl_->join_pending_generation_ == impl_->info_.generation();
+}
+
+absl::Status Client::AdmitJoins() {
+  v1::TrainerRequest request;
+  request.mutable_admit_joins()->set_generation(generation());
+  if (!impl_->Write(request)) return SessionClosed(impl_->socket_);
+  return absl::OkStatus();
 }
 
 void Client::Fence(int64_t generation) {

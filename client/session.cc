@@ -579,6 +579,10 @@ void Session::FenceGeneration(int64_t generation) {
   impl_->client_->Fence(generation);
 }
 
+bool Session::JoinPending() const { return impl_->client_->JoinPending(); }
+
+absl::Status Session::AdmitJoins() { return impl_->client_->AdmitJoins(); }
+
 int64_t Session::NextStep() const { return impl_->NextStep(); }
 
 void Session::SetStepFloor(int64_t floor) { impl_->SetStepFloor(floor); }

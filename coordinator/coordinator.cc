@@ -81,6 +81,10 @@ void Coordinator::OnAgentMessage(SessionId id,
       job = message.leave().job();
       status = jobs_.Leave(*session, message.leave());
       break;
+    case v1::AgentMessage::kAdmitJoins:
+      job = message.admit_joins().job();
+      status = jobs_.AdmitJoins(*session, message.admit_joins());
+      break;
     case v1::AgentMessage::kHeartbeat: {
       v1::CoordinatorMessage ack;
       ack.set_reply_to(seq);

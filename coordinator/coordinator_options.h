@@ -22,6 +22,10 @@ struct CoordinatorOptions {
   absl::Duration stall_threshold = absl::Seconds(10);
   // A re-forming job that is not whole again within this fails.
   absl::Duration reform_timeout = absl::Seconds(60);
+  // A node that joins a running job below its node count waits at most this
+  // long for a member's trainers to reach a commit (baton.torch.elastic)
+  // before the job re-forms to admit it.
+  absl::Duration join_wait = absl::Seconds(30);
   // Ended jobs stay visible in status this long.
   absl::Duration job_retention = absl::Minutes(10);
   // Partition size of jobs that do not ask for one.

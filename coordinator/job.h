@@ -4,6 +4,7 @@
 // job_recovery.cc (rebuilding jobs after a coordinator restart): the records
 // it keeps per job and the checks both files apply. Include nowhere else.
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -105,6 +106,28 @@ struct JobManager::Job {
   bool finishing = false;
   // Joins of members that finished, for the name's next run (in order).
   std::vector<JobManager::HeldJoin> held_joins;
+  // Nodes waiting to join the running generation (job_growth.cc), in join
+  // order, and when they are admitted if no member reaches a commit first.
+  std::vector<JobManager::PendingJoin> pending_joins;
+  absl::Time join_deadline;
+  // Pending joins from nodes other than `node_name`.
+  size_t PendingJoinsBesides(const std::string& node_name) const {
+    return static_cast<size_t>(
+        std::count_if(pending_joins.begin(), pending_joins.end(),
+                      [&](const JobManager::PendingJoin& p) {
+                        return p.node_name != node_name;
+                      }));
+  }
+  // Forgets `node_name`'s pending join; false when it had none.
+  bool DropPendingJoin(const std::string& node_name) {
+    const auto end = std::remove_if(pending_joins.begin(), pending_joins.end(),
+                                    [&](const JobManager::PendingJoin& p) {
+                                      return p.node_name == node_name;
+                                    });
+    const bool dropped = end != pending_joins.end();
+    pending_joins.erase(end, pending_joins.end());
+    return dropped;
+  }
   std::deque<v1::JobEvent> events;
   // Members lost (session ended or silent, left unfinished, not back after
   // a coordinator restart) since the job was created.

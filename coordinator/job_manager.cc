@@ -162,7 +162,6 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
   BATON_RETURN_IF_ERROR(ValidateSizing("JoinJob", join.expected_nodes(),
                                        join.min_nodes(),
                                        join.partition_bytes()));
-  const absl::Time now = clock_->Now();
   Job* job = FindJob(join.job());
   if (job != nullptr && Ended(job->state)) {
     // A finished or failed job's name may be reused by a new run.
@@ -224,59 +223,23 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
 
   const bool running = job->state == v1::JOB_STATE_RUNNING;
   if (running &&
-      static_cast<int32_t>(job->members.size()) >= job->expected_nodes) {
+      static_cast<int32_t>(job->members.size() +
+                           job->PendingJoinsBesides(session.node_name)) >=
+          job->expected_nodes) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job \"", job->name, "\" is sealed and full (generation ",
         job->generation, " has ", job->members.size(), " of ",
-        job->expected_nodes,
-        " nodes): start the new node under another job name, or raise "
-        "expected_nodes for a new run"));
+        job->expected_nodes, " nodes, ", job->pending_joins.size(),
+        " more waiting to join): start the new node under another job name, "
+        "or raise expected_nodes for a new run"));
   }
-
-  Member member;
-  member.node_name = session.node_name;
-  member.data_address = join.data_address();
-  member.local_size = join.local_size();
-  member.agent_instance = session.agent_instance;
-  member.session = session.id;
-  member.joined = now;
-  job->AddMember(std::move(member));
-  session.jobs.insert(job->name);
-  if (job->state != v1::JOB_STATE_FORMING) ++job->members_joined;
-  Event(
-      *job, "join",
-      absl::StrCat("node ", session.node_name, " joined (", join.local_size(),
-                   " trainers, data plane at ", join.data_address(), "); ",
-                   job->members.size(), " of ", job->expected_nodes, " nodes"),
-      session.node_name);
-
-  SendJoinAccepted(*job, session.id, seq);
-
   if (running) {
     // A running job below expected_nodes (it re-sealed with min_nodes
-    // survivors) grows: the running generation ends, the next includes the
-    // newcomer.
-    const std::string reason =
-        absl::StrCat("node ", session.node_name, " joined the running job");
-    const int64_t aborted = job->generation;
-    v1::CoordinatorMessage notice;
-    auto* abort = notice.mutable_generation_aborted();
-    abort->set_job(job->name);
-    abort->set_aborted_generation(aborted);
-    abort->set_new_generation(aborted + 1);
-    abort->set_reason(reason);
-    const OutboundMessage shared = Outbound(std::move(notice));
-    for (const Member& m : job->members) {
-      if (m.node_name != session.node_name) SendToMember(m, shared);
-    }
-    job->generation = aborted + 1;
-    job->state = v1::JOB_STATE_REFORMING;
-    job->reforms.Start(now, aborted, job->generation, ReformCause::kJoined,
-                       session.node_name, reason, job->membership.nodes_size());
-    listener_->OnGenerationAborted(job->name, aborted, reason);
-    Seal(*job);
+    // survivors) grows at its members' next commit (job_growth.cc).
+    HoldForCommit(*job, session, seq, join);
     return absl::OkStatus();
   }
+  AddJoiner(*job, session, seq, join);
   const int32_t needed = job->state == v1::JOB_STATE_REFORMING
                              ? job->min_nodes
                              : job->expected_nodes;
@@ -456,6 +419,11 @@ void JobManager::EndJob(Job& job, v1::JobState state,
     }
     member.connected = false;
   }
+  // Nodes that waited to join it hear that it ended, as members do.
+  for (const PendingJoin& pending : job.pending_joins) {
+    sessions_->Send(pending.session, shared);
+  }
+  job.pending_joins.clear();
   listener_->OnJobEnded(job.name, reason);
   for (HeldJoin& held : job.held_joins) {
     released_joins_.push_back(std::move(held));
@@ -487,6 +455,13 @@ absl::Status JobManager::Leave(Session& session, const v1::LeaveJob& leave) {
     return absl::NotFoundError(
         absl::StrCat("LeaveJob.job: job \"", leave.job(),
                      "\" is unknown to the coordinator"));
+  }
+  // A node waiting to join the running generation gives up.
+  if (job->DropPendingJoin(session.node_name)) {
+    Event(*job, "leave",
+          absl::StrCat("node ", session.node_name, " no longer waits to join"),
+          session.node_name);
+    return absl::OkStatus();
   }
   // A node whose join waits for the next run (its trainers gave up on it)
   // leaves that.
@@ -692,6 +667,12 @@ void JobManager::Tick() {
         }
         break;
       case v1::JOB_STATE_RUNNING: {
+        if (!job->pending_joins.empty() && now >= job->join_deadline) {
+          AdmitPending(*job, absl::StrCat("no member reached a commit within ",
+                                          Seconds(options_.join_wait),
+                                          " (--join_wait_ms)"));
+          break;
+        }
         std::vector<std::string> missing;
         for (const Member& member : job->members) {
           if (!member.connected && !member.finished &&

@@ -66,6 +66,10 @@ class JobManager {
   absl::Status Rejoin(Session& session, uint64_t seq,
                       const v1::RejoinJob& rejoin);
   absl::Status Leave(Session& session, const v1::LeaveJob& leave);
+  // A member's trainers reached a commit while nodes wait to join the
+  // running generation: the generation ends and the next one includes them
+  // (job_growth.cc). A stale generation is ignored.
+  absl::Status AdmitJoins(Session& session, const v1::AdmitJoins& admit);
 
   // The agent reconnected on a new session (same node and instance): its
   // memberships move from `old_session` to `session`.
@@ -154,6 +158,28 @@ class JobManager {
     uint64_t seq = 0;
     v1::JoinJob join;
   };
+  // A join into a running generation, waiting for the members' next commit.
+  struct PendingJoin {
+    SessionId session;
+    uint64_t seq = 0;
+    v1::JoinJob join;
+    std::string node_name;
+    absl::Time since;
+  };
+
+  // Growing a running job (job_growth.cc). A join waits for the members'
+  // next commit (they are told: JoinPending), or --join_wait_ms.
+  void HoldForCommit(Job& job, Session& session, uint64_t seq,
+                     const v1::JoinJob& join);
+  // Ends the running generation and seals the next with the waiting nodes
+  // whose sessions are still there; `why` says what admitted them.
+  void AdmitPending(Job& job, const std::string& why);
+  // Makes `session`'s node a member (sealed at the next Seal) and answers
+  // its join.
+  void AddJoiner(Job& job, Session& session, uint64_t seq,
+                 const v1::JoinJob& join);
+  // Tells the sealed members which nodes wait to join.
+  void NotifyJoinPending(Job& job);
 
   // Constant after construction.
   const CoordinatorOptions options_;

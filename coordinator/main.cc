@@ -42,6 +42,10 @@ DEFINE_int64(stall_threshold_ms, 10000,
 DEFINE_int64(reform_timeout_ms, 60000,
              "Milliseconds a job that lost a node may wait to be whole again "
              "before it fails");
+DEFINE_int64(join_wait_ms, 30000,
+             "Milliseconds a node joining a running job (below its node "
+             "count) waits for the members' next commit before the job "
+             "re-forms to admit it");
 DEFINE_int64(job_retention_ms, 600000,
              "Milliseconds an ended job stays visible in status");
 DEFINE_int64(partition_bytes, 4194304,
@@ -91,6 +95,7 @@ absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {
       {"tick_interval_ms", FLAGS_tick_interval_ms},
       {"stall_threshold_ms", FLAGS_stall_threshold_ms},
       {"reform_timeout_ms", FLAGS_reform_timeout_ms},
+      {"join_wait_ms", FLAGS_join_wait_ms},
       {"job_retention_ms", FLAGS_job_retention_ms},
       {"partition_bytes", FLAGS_partition_bytes},
       {"shutdown_grace_ms", FLAGS_shutdown_grace_ms},
@@ -137,6 +142,7 @@ absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {
   options.tick_interval = absl::Milliseconds(FLAGS_tick_interval_ms);
   options.stall_threshold = absl::Milliseconds(FLAGS_stall_threshold_ms);
   options.reform_timeout = absl::Milliseconds(FLAGS_reform_timeout_ms);
+  options.join_wait = absl::Milliseconds(FLAGS_join_wait_ms);
   options.job_retention = absl::Milliseconds(FLAGS_job_retention_ms);
   options.partition_bytes = FLAGS_partition_bytes;
   options.events_per_job = FLAGS_events_per_job;

@@ -321,6 +321,13 @@ PYBIND11_MODULE(_baton, m) {
       .def("fence_generation", &Session::FenceGeneration, py::arg("generation"),
            "Operations started from now on run only in `generation` (0: "
            "any); later, they fail with ABORTED.")
+      .def("join_pending", &Session::JoinPending,
+           "Whether nodes wait to join the running generation (admitted at "
+           "the next commit: admit_joins).")
+      .def(
+          "admit_joins", [](Session& s) { Check(s.AdmitJoins()); },
+          "Asks for the waiting nodes to be admitted now: the generation "
+          "ends.")
       .def("next_step", &Session::NextStep,
            "The highest step a tensor's next operation takes.")
       .def("set_step_floor", &Session::SetStepFloor, py::arg("floor"),

@@ -43,7 +43,12 @@ class Run:
         env = dict(os.environ)
         env["ELASTIC_SCENARIO"] = scenario
         env["ELASTIC_DIR"] = workdir
-        self.argv = [BATONRUN] + flags + ["--job", "elastic-" + scenario, "--", sys.executable, TRAINER]
+        # These trainers never commit (they are not baton.torch.elastic's):
+        # a restarted node is admitted after the coordinator's join wait.
+        self.argv = [BATONRUN] + flags + [
+            "--job", "elastic-" + scenario, "--coordinator_flags=--join_wait_ms=300",
+            "--", sys.executable, TRAINER,
+        ]
         self.process = subprocess.Popen(
             self.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )

@@ -200,6 +200,15 @@ void SimulatedAgent::Handle(const v1::CoordinatorMessage& message) {
     case v1::CoordinatorMessage::kPlan:
       recorder_->Count(&LoadRecorder::Counters::plans);
       return;
+    case v1::CoordinatorMessage::kJoinPending: {
+      // As elastic trainers at their next commit: admit the waiting nodes.
+      v1::AgentMessage admit;
+      admit.mutable_admit_joins()->set_job(message.join_pending().job());
+      admit.mutable_admit_joins()->set_generation(
+          message.join_pending().generation());
+      Send(std::move(admit));
+      return;
+    }
     case v1::CoordinatorMessage::kJobEnded:
       recorder_->Count(&LoadRecorder::Counters::job_ended);
       return;

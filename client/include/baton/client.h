@@ -183,6 +183,13 @@ class Client {
   // agent ended the session.
   absl::StatusOr<int64_t> WaitForGeneration(int64_t after,
                                             std::chrono::milliseconds timeout);
+  // Whether nodes wait to join the generation this client is in: they are
+  // admitted when a trainer reaches a commit and calls AdmitJoins (or after
+  // the coordinator's --join_wait_ms).
+  bool JoinPending() const;
+  // Asks for the waiting nodes to be admitted now: the generation ends, and
+  // the next one includes them.
+  absl::Status AdmitJoins();
   // Fences the operations started from now on to `generation`: one the
   // agent takes while the job is in another generation fails at once
   // (ABORTED) instead of running there. 0 lifts the fence.

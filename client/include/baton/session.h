@@ -125,6 +125,12 @@ class Session {
   // takes after the job re-formed fails with ABORTED instead of running in
   // a generation this trainer has not synchronized in. 0 lifts the fence.
   void FenceGeneration(int64_t generation);
+  // Whether nodes wait to join the running generation (a replacement, or
+  // growth): they are admitted when a trainer reaches a commit and calls
+  // AdmitJoins, which ends the generation there; the coordinator admits
+  // them itself after its --join_wait_ms.
+  bool JoinPending() const;
+  absl::Status AdmitJoins();
   // The highest step any tensor's next operation takes (at least the step
   // floor). Names that start with "baton." are baton's own: not counted.
   int64_t NextStep() const;

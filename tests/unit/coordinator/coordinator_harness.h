@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -126,6 +127,27 @@ class CoordinatorTest : public ::testing::Test {
            static_cast<int>(local_sizes.size()));
     }
     return agents;
+  }
+
+  // `agent`'s trainers reached a commit in `generation` of `job` while
+  // nodes wait to join (baton.torch.elastic): admit them.
+  void AdmitJoins(Agent& agent, const std::string& job, int64_t generation) {
+    v1::AgentMessage message;
+    message.mutable_admit_joins()->set_job(job);
+    message.mutable_admit_joins()->set_generation(generation);
+    Send(agent, message);
+  }
+
+  // Nodes n0..n2 of "job" (min_nodes 2); n2 crashes, so generation 2 runs
+  // with n0 and n1, and n3 joins: it waits for a commit. Returns n0, n1
+  // and n3.
+  std::tuple<Agent, Agent, Agent> StartWaitingJoin() {
+    Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
+    for (Agent* agent : {&a, &b, &c}) Join(*agent, "job", 1, 3, 2);
+    coordinator_->OnSessionClosed(c.id, "crashed");
+    Agent d = Connect("n3");
+    Join(d, "job", 1, 3, 2);
+    return {a, b, d};
   }
 
   void Heartbeat(Agent& agent) {

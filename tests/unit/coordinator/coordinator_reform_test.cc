@@ -71,6 +71,9 @@ TEST_F(CoordinatorTest, SurvivorsResealAtOnceAndAJoinGrowsTheJobAgain) {
   clock_.Advance(absl::Seconds(7));
   Agent d = Connect("n3");
   Join(d, "job", 1, 3, 2);
+  // It waits for the members' next commit: the re-form starts there.
+  clock_.Advance(absl::Seconds(1));
+  AdmitJoins(a, "job", 2);
 
   const v1::JobStatus status = Status("job");
   ASSERT_THAT(status.reforms(), SizeIs(2));
@@ -88,8 +91,10 @@ TEST_F(CoordinatorTest, SurvivorsResealAtOnceAndAJoinGrowsTheJobAgain) {
   EXPECT_EQ(growth.new_generation(), 3);
   EXPECT_EQ(growth.cause(), "joined");
   EXPECT_EQ(growth.node_name(), "n3");
-  EXPECT_EQ(growth.reason(), "node n3 joined the running job");
-  EXPECT_EQ(growth.started_unix_ms(), loss.started_unix_ms() + 7000);
+  EXPECT_EQ(growth.reason(),
+            "node n3 joins the running job (node n0's trainers reached a "
+            "commit)");
+  EXPECT_EQ(growth.started_unix_ms(), loss.started_unix_ms() + 8000);
   EXPECT_EQ(growth.duration_ms(), 0);
   EXPECT_EQ(growth.nodes_before(), 2);
   EXPECT_EQ(growth.nodes_after(), 3);
@@ -208,6 +213,7 @@ TEST_F(CoordinatorTest, OnlyTheLastReformsAreKept) {
   for (int i = 0; i < rounds; ++i) {
     Leave(b, "job", Status("job").generation(), absl::StrCat("round ", i));
     Join(b, "job", 1, 2, 1);
+    AdmitJoins(a, "job", Status("job").generation());
   }
   const v1::JobStatus status = Status("job");
   ASSERT_THAT(status.reforms(), SizeIs(ReformLog::kKept));
@@ -253,6 +259,7 @@ TEST_F(CoordinatorTest, RestartForgetsTheReformsAndCountsAgainFromRecovery) {
 
   Agent d = Connect("n3");
   Join(d, "job", 1, 3, 2);
+  AdmitJoins(a, "job", 2);
   status = Status("job");
   ASSERT_THAT(status.reforms(), SizeIs(1));
   EXPECT_EQ(status.reforms(0).aborted_generation(), 2);

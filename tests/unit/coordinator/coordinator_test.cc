@@ -15,8 +15,10 @@
 namespace baton::coordinator {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::SizeIs;
 
 TEST_F(CoordinatorTest, HelloIsAcceptedWithTheLivenessContract) {
@@ -220,17 +222,69 @@ TEST_F(CoordinatorTest, MinNodesResealsWithTheSurvivorsAndGrowsBack) {
   EXPECT_EQ(memberships[1].membership().world_size(), 2);
   EXPECT_EQ(memberships[1].membership().nodes(0).node_name(), "n1");
 
+  // A node joining the running generation waits for the members' next
+  // commit: they hear of it, and nothing is aborted yet.
   Agent d = Connect("n3");
   Join(d, "job", 1, 3, 2);
+  auto pending = b.Received(v1::CoordinatorMessage::kJoinPending);
+  ASSERT_THAT(pending, SizeIs(1));
+  EXPECT_EQ(pending[0].join_pending().generation(), 2);
+  EXPECT_THAT(pending[0].join_pending().nodes(), ElementsAre("n3"));
+  EXPECT_THAT(b.Received(v1::CoordinatorMessage::kGenerationAborted),
+              SizeIs(1));
+  EXPECT_THAT(d.Received(v1::CoordinatorMessage::kMembership), IsEmpty());
+  // A stale generation's commit admits no one; the running one's does.
+  AdmitJoins(c, "job", 1);
+  EXPECT_THAT(b.Received(v1::CoordinatorMessage::kGenerationAborted),
+              SizeIs(1));
+  AdmitJoins(c, "job", 2);
   auto notices = b.Received(v1::CoordinatorMessage::kGenerationAborted);
   ASSERT_THAT(notices, SizeIs(2));
   EXPECT_THAT(notices[1].generation_aborted().reason(),
-              HasSubstr("node n3 joined"));
+              AllOf(HasSubstr("node n3 joins the running job"),
+                    HasSubstr("node n2's trainers reached a commit")));
+  // A second commit of the same generation changes nothing.
+  AdmitJoins(b, "job", 2);
+  EXPECT_THAT(b.Received(v1::CoordinatorMessage::kGenerationAborted),
+              SizeIs(2));
   memberships = d.Received(v1::CoordinatorMessage::kMembership);
   ASSERT_THAT(memberships, SizeIs(1));
   EXPECT_EQ(memberships[0].membership().generation(), 3);
   EXPECT_EQ(memberships[0].membership().world_size(), 3);
   EXPECT_EQ(memberships[0].membership().nodes(2).node_name(), "n3");
+}
+
+TEST_F(CoordinatorTest, AJoinNoCommitAdmitsIsAdmittedAfterTheJoinWait) {
+  auto [a, b, d] = StartWaitingJoin();
+  ASSERT_THAT(a.Received(v1::CoordinatorMessage::kJoinPending), SizeIs(1));
+  // Trainers that never commit (not elastic): the coordinator admits the
+  // node itself once --join_wait_ms passed.
+  const absl::Duration took = RunUntil(
+      {&a, &b, &d},
+      [&] { return !d.Received(v1::CoordinatorMessage::kMembership).empty(); },
+      absl::Minutes(2));
+  EXPECT_GE(took, options_.join_wait);
+  EXPECT_LE(took, options_.join_wait + 2 * options_.tick_interval);
+  auto notices = a.Received(v1::CoordinatorMessage::kGenerationAborted);
+  ASSERT_THAT(notices, SizeIs(2));
+  EXPECT_THAT(notices[1].generation_aborted().reason(),
+              HasSubstr("no member reached a commit within 30.0 s"));
+  EXPECT_EQ(Status("job").members_size(), 3);
+}
+
+TEST_F(CoordinatorTest, AWaitingJoinThatGivesUpIsForgotten) {
+  auto [a, b, d] = StartWaitingJoin();
+  coordinator_->OnSessionClosed(d.id, "crashed");
+  // The commit that asked still ends the generation (its trainer stopped
+  // there and waits for the next), with the members it had.
+  AdmitJoins(a, "job", 2);
+  auto notices = a.Received(v1::CoordinatorMessage::kGenerationAborted);
+  ASSERT_THAT(notices, SizeIs(2));
+  EXPECT_THAT(notices[1].generation_aborted().reason(),
+              HasSubstr("the nodes that waited to join are gone"));
+  auto memberships = a.Received(v1::CoordinatorMessage::kMembership);
+  ASSERT_THAT(memberships, SizeIs(3));
+  EXPECT_EQ(memberships[2].membership().world_size(), 2);
 }
 
 TEST_F(CoordinatorTest, NodesLostTogetherCostOneAbortAndOneReseal) {

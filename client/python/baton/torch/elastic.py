@@ -163,10 +163,19 @@ class State:
     def check_reform(self):
         """Stops the training function (to be resumed by run() in the new
         generation, from the last commit) if the job re-formed since the
-        last sync: for a rank that waits without communicating, such as for
-        a node to join (Horovod's check_host_updates)."""
+        last sync, or if nodes wait to join (then it admits them): for a
+        rank that waits without communicating (Horovod's
+        check_host_updates). commit() calls it."""
         session = _bt._require()
-        if self._generation is not None and session.generation() != self._generation:
+        if self._generation is None:
+            return
+        if session.generation() == self._generation and session.join_pending():
+            # Nodes wait to join: admit them here, where every rank resumes
+            # from this state (a rank that went past it cannot have
+            # finished a step without this one, so it rolls back to it).
+            session.admit_joins()
+            raise _Reformed()
+        if session.generation() != self._generation:
             raise _Reformed()
 
     def restore(self):
