@@ -163,6 +163,19 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
                                        join.min_nodes(),
                                        join.partition_bytes()));
   Job* job = FindJob(join.job());
+  if (job != nullptr && Ended(job->state) && join.last_generation() > 0 &&
+      join.last_generation() <= job->generation) {
+    // The agent ran in this run and lost its session while it ended: tell
+    // it how it ended, as the members were told, rather than start a new
+    // run it would wait in alone.
+    v1::CoordinatorMessage message;
+    v1::JobEnded* ended = message.mutable_job_ended();
+    ended->set_job(job->name);
+    ended->set_state(job->state);
+    ended->set_reason(job->reason);
+    sessions_->Send(session.id, Outbound(std::move(message)));
+    return absl::OkStatus();
+  }
   if (job != nullptr && Ended(job->state)) {
     // A finished or failed job's name may be reused by a new run.
     LOG(INFO) << LogPrefix({join.job(), job->generation, session.node_name})

@@ -220,9 +220,26 @@ def test_usage():
         check(done.stderr.count("\n") == 1, "%s: not one line" % flags, done.stderr)
 
 
+def test_pod():
+    """With --coordinator (a Kubernetes pod of an elastic job) a trainer
+    that dies fails the launcher, so that the pod is started again and
+    rejoins; its trainers get no WORLD_SIZE (the job's size changes)."""
+    workdir = tempfile.mkdtemp(prefix="elastic-launch-")
+    try:
+        flags = ["--coordinator", "127.0.0.1:1", "--socket", os.path.join(workdir, "none.sock"),
+                 "--job", "pod", "--nodes", "2", "--procs-per-node", "1", "--min-nodes", "1"]
+        script = 'echo "world=${WORLD_SIZE-unset}"; kill -9 $$'
+        done = subprocess.run([BATONRUN] + flags + ["--", "sh", "-c", script],
+                              capture_output=True, text=True, timeout=60)
+        check(done.returncode == 1, "exit %d, not 1" % done.returncode, done.stderr)
+        check("world=unset" in done.stdout, "WORLD_SIZE was set: %r" % done.stdout, done.stderr)
+    finally:
+        remove_workdir(workdir)
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2 or "test_" + sys.argv[1] not in globals():
-        sys.exit("usage: elastic_launch_test.py restart|lost|below_min|exhausted|interrupted|early|usage")
+        sys.exit("usage: elastic_launch_test.py restart|lost|below_min|exhausted|interrupted|early|usage|pod")
     start = time.monotonic()
     globals()["test_" + sys.argv[1]]()
     print("ok %s (%.1f s)" % (sys.argv[1], time.monotonic() - start))

@@ -121,7 +121,9 @@ std::string NodeSupervisor::StartTrainers(Node& node) {
         absl::StrCat("BATON_NODES=", options_.nodes),
         absl::StrCat("BATON_MIN_NODES=", options_.min_nodes),
     };
-    if (node.restart == 0) {
+    // A pod of an elastic job may join a job of any size (--coordinator):
+    // only a first life of an embedded cluster knows the size for sure.
+    if (node.restart == 0 && (options_.embedded || !elastic())) {
       env.push_back(absl::StrCat("WORLD_SIZE=", options_.nodes * p));
     } else {
       // Unset (Spawn drops a name without '='), also when inherited.
@@ -199,7 +201,10 @@ NodeSupervisor::Outcome NodeSupervisor::OnExit(pid_t pid, int status) {
   if (!agent && !Failed(status)) return Outcome::kGoOn;
   std::string why =
       absl::StrCat(child->name, " (pid ", pid, ") ", Describe(status));
-  if (!elastic()) {
+  // With --coordinator the node is this pod: a dead trainer fails the
+  // launcher, so that whatever started it (Kubernetes) starts it again and
+  // it rejoins the elastic job.
+  if (!elastic() || !options_.embedded) {
     if (agent) absl::StrAppend(&why, "; its log is in ", options_.dir);
     failure_ = std::move(why);
     return Outcome::kFailed;

@@ -254,6 +254,35 @@ TEST_F(CoordinatorTest, MinNodesResealsWithTheSurvivorsAndGrowsBack) {
   EXPECT_EQ(memberships[0].membership().nodes(2).node_name(), "n3");
 }
 
+TEST_F(CoordinatorTest, ANodeBackFromARunThatEndedHearsHowItEnded) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 1, 2);
+  Join(b, "job", 1, 2);
+  coordinator_->OnSessionClosed(b.id, "crashed");
+  // n0's own session drops while the job re-forms: every node is lost.
+  coordinator_->OnSessionClosed(a.id, "network blip");
+  ASSERT_EQ(Status("job").state(), v1::JOB_STATE_FAILED);
+  // Its agent reconnects and joins again from generation 1: the run it was
+  // in has failed, and it hears so instead of starting a new run alone.
+  Agent back = Connect("n0");
+  v1::AgentMessage message;
+  auto* join = message.mutable_join();
+  join->set_job("job");
+  join->set_data_address("n0.example:7000");
+  join->set_local_size(1);
+  join->set_expected_nodes(2);
+  join->set_last_generation(1);
+  Send(back, message);
+  auto ended = back.Received(v1::CoordinatorMessage::kJobEnded);
+  ASSERT_THAT(ended, SizeIs(1));
+  EXPECT_EQ(ended[0].job_ended().state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(ended[0].job_ended().reason(), HasSubstr("every node was lost"));
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_FAILED);
+  // A join of a new run (no last generation) starts it, as before.
+  Join(back, "job", 1, 2);
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_FORMING);
+}
+
 TEST_F(CoordinatorTest, AJoinNoCommitAdmitsIsAdmittedAfterTheJoinWait) {
   auto [a, b, d] = StartWaitingJoin();
   ASSERT_THAT(a.Received(v1::CoordinatorMessage::kJoinPending), SizeIs(1));
