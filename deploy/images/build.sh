@@ -27,7 +27,8 @@
 #   --cache DIR               work directory (default: /var/tmp/baton-images)
 #   --refresh-base            make the debootstrap base again
 #   --check                   run each image once: --help of the binaries,
-#                             `import baton.torch` in the trainer (podman + runc)
+#                             `import baton.torch` and the example scripts
+#                             in the trainer (podman + runc)
 #   --runtime PATH            OCI runtime for --check (default: runc on PATH)
 set -euo pipefail
 
@@ -221,6 +222,8 @@ if [ "$check" = 1 ]; then
         expect "$image" '-procs_per_node ' "$image" --help
         expect "$image" '^import baton.torch: ok' --entrypoint python3 "$image" -c \
           'import baton, baton.torch, torch; print("import baton.torch: ok (torch", torch.__version__ + ")")'
+        expect "$image" '^examples: ok' --entrypoint python3 "$image" -c \
+          'import pathlib; [compile(pathlib.Path("/opt/baton/examples", f).read_text(), f, "exec") for f in ("train_synthetic.py", "train_elastic.py")]; print("examples: ok")'
         expect "$image" '^uid=10001\(baton\)' --entrypoint id "$image" ;;
     esac
   done

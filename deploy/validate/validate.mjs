@@ -25,6 +25,7 @@ const root = path.resolve(here, "../..");
 // What is installed together: an overlay and the example job that runs on it.
 const DEPLOYMENTS = [
   ["cpu", ["deploy/k8s/overlays/cpu", "deploy/k8s/examples/trainer"]],
+  ["cpu-elastic", ["deploy/k8s/overlays/cpu", "deploy/k8s/examples/trainer-elastic"]],
   ["gpu", ["deploy/k8s/overlays/gpu", "deploy/k8s/examples/trainer-gpu"]],
 ];
 
@@ -106,7 +107,7 @@ function main() {
     }
   }
   if (options.negative) {
-    // Each testdata/<case>/ breaks one thing in a copy of the cpu deployment;
+    // Each testdata/<case>/ breaks one thing in a copy of a cpu deployment;
     // expect.txt lists text the report must contain, one line each.
     const testdata = path.join(here, "testdata");
     for (const name of fs.readdirSync(testdata).sort()) {

@@ -3,6 +3,7 @@
 // naming the object and container and saying what to fix.
 
 import path from "node:path";
+import { checkElasticJob } from "./elastic_job.mjs";
 
 const LONG_RUNNING = new Set(["Deployment", "DaemonSet", "StatefulSet", "ReplicaSet"]);
 const BATON_IMAGE = /^(?:(.*)\/)?baton-(coordinator|agent|trainer)(?::([^@]+))?(?:@.+)?$/;
@@ -230,6 +231,11 @@ export function checkDeployment(objects, context) {
     const t = c.targetInfo;
     if (c.program.startsWith("/usr/local/") && !t.binaries.has(c.binary)) {
       error(c.where, `runs ${c.program}, which image baton-${c.image.target} does not contain (it has ${[...t.binaries].join(", ")})`);
+    }
+    for (const file of [...c.flagArgs, ...c.childCommand].filter((a) => a.startsWith("/opt/baton/"))) {
+      if (!t.files.has(file)) {
+        error(c.where, `runs ${file}, which image baton-${c.image.target} does not contain (deploy/images/Containerfile installs ${[...t.files].join(", ") || "nothing"} under /opt/baton)`);
+      }
     }
     for (const p of c.spec.ports ?? []) {
       if (!t.ports.has(p.containerPort)) error(c.where, `port ${p.containerPort} is not one the image baton-${c.image.target} exposes (${[...t.ports].join(", ") || "none"})`);
@@ -471,9 +477,28 @@ export function checkDeployment(objects, context) {
       if (a && master !== undefined && master !== a.host) error(c.where, `MASTER_ADDR=${master}, but the job's rendezvous point (--coordinator) is ${a.host}`);
       if (a && masterPort !== undefined && Number(masterPort) !== a.port) error(c.where, `MASTER_PORT=${masterPort}, but --coordinator's port is ${a.port}`);
     }
+    // batonrun reads BATON_MIN_NODES like --min-nodes (the argument wins)
+    // and gives every trainer its own value; 0 or unset: --nodes.
+    const minArg = launcher.get("min_nodes");
+    const minEnv = c.env.get("BATON_MIN_NODES")?.value;
+    if (minArg !== undefined && minEnv !== undefined && Number(minEnv) !== Number(minArg)) {
+      error(c.where, `BATON_MIN_NODES=${minEnv}, but --min-nodes is ${minArg}: batonrun's argument wins and the trainers get ${minArg}`);
+    }
+    const min = minArg ?? minEnv;
+    const minNodes = min === undefined || Number(min) === 0 ? nodes : Number(min);
+    if (!/^\d+$/.test(min ?? "0") || minNodes < 1 || minNodes > nodes) {
+      error(c.where, `${minArg !== undefined ? "--min-nodes" : "BATON_MIN_NODES"}=${min} must be in 1..${nodes} (--nodes): batonrun exits 2`);
+    }
+    // A --min-nodes out of range still says the job is meant to be elastic.
+    const elastic = min !== undefined && Number(min) !== 0 && minNodes !== nodes;
     const world = c.env.get("WORLD_SIZE")?.value;
-    if (world === undefined) error(c.where, `set WORLD_SIZE (nodes x procs-per-node = ${nodes * procs})`);
-    else if (Number(world) !== nodes * procs) error(c.where, `WORLD_SIZE=${world}, but --nodes=${nodes} x --procs-per-node=${procs} is ${nodes * procs}`);
+    if (elastic) {
+      if (world !== undefined) error(c.where, `WORLD_SIZE=${world} is set on the pod, but the job is elastic (--min-nodes=${minNodes} of --nodes=${nodes}): its size changes at every re-form and join; leave it unset and read baton.torch.size()`);
+    } else if (world === undefined) {
+      error(c.where, `set WORLD_SIZE (nodes x procs-per-node = ${nodes * procs})`);
+    } else if (Number(world) !== nodes * procs) {
+      error(c.where, `WORLD_SIZE=${world}, but --nodes=${nodes} x --procs-per-node=${procs} is ${nodes * procs}`);
+    }
     const localWorld = c.env.get("LOCAL_WORLD_SIZE")?.value;
     if (localWorld !== undefined && Number(localWorld) !== procs) error(c.where, `LOCAL_WORLD_SIZE=${localWorld}, but --procs-per-node is ${procs}`);
     for (const name of PER_TRAINER) {
@@ -488,6 +513,7 @@ export function checkDeployment(objects, context) {
       if (o.spec.completionMode !== "Indexed") error(c.pod.ref, "completionMode must be Indexed: one pod per node of the job");
       if (o.spec.completions !== nodes) error(c.pod.ref, `completions ${o.spec.completions} differs from batonrun --nodes=${nodes}`);
       if ((o.spec.parallelism ?? 1) !== nodes) error(c.pod.ref, `parallelism ${o.spec.parallelism ?? 1} differs from --nodes=${nodes}: the job forms only when all its nodes run at once`);
+      if (elastic) errors.push(...checkElasticJob(o, c.pod.ref, c.name, minNodes));
     }
     const spread = (c.pod.spec.affinity?.podAntiAffinity?.requiredDuringSchedulingIgnoredDuringExecution ?? []).some(
       (t) => t.topologyKey === "kubernetes.io/hostname" && selects(t.labelSelector?.matchLabels, c.pod.labels));
@@ -497,6 +523,13 @@ export function checkDeployment(objects, context) {
     const stop = Number(get("stop_grace_ms"));
     const tgps = c.pod.spec.terminationGracePeriodSeconds ?? 30;
     if (tgps * 1000 <= stop) error(c.pod.ref, `terminationGracePeriodSeconds ${tgps} does not cover batonrun --stop_grace_ms=${stop}`);
+  }
+
+  // --- Jobs: what the API server would refuse -------------------------------
+  for (const pod of pods) {
+    if (pod.object.kind === "Job" && pod.object.spec.podFailurePolicy && pod.spec.restartPolicy !== "Never") {
+      error(pod.ref, `has a podFailurePolicy, which needs the pod template's restartPolicy: Never (it is ${pod.spec.restartPolicy ?? "unset"}); the API server refuses it`);
+    }
   }
 
   // --- docs: every flag the deployment sets or the servers have ------------

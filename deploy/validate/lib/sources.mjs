@@ -41,9 +41,29 @@ export function loadBinaries(binDir) {
   return binaries;
 }
 
+// Files a RUN line's `install [-m MODE] SRC... DIR/` commands put into
+// DIR (an absolute path), as full paths.
+function installedFiles(run) {
+  const files = [];
+  for (const command of run.split("&&")) {
+    const words = command.trim().split(/\s+/);
+    if (words[0] !== "install" || words.includes("-d")) continue;
+    const operands = [];
+    for (let i = 1; i < words.length; i++) {
+      if (words[i] === "-m" || words[i] === "-o" || words[i] === "-g") i++;
+      else if (!words[i].startsWith("-")) operands.push(words[i]);
+    }
+    const dir = operands.pop();
+    if (!dir?.startsWith("/") || !dir.endsWith("/")) continue;
+    for (const src of operands) files.push(dir + path.basename(src));
+  }
+  return files;
+}
+
 // The runtime targets of the Containerfile: Map target -> {binaries (in
-// /usr/local/bin), entrypoint, exposed ports, uid}. Stages inherit from the
-// stage they are FROM.
+// /usr/local/bin), files (what the build stage installed and a COPY
+// --from brought over, as paths in the image), entrypoint, exposed ports,
+// uid}. Stages inherit from the stage they are FROM.
 export function loadContainerfile(file) {
   const text = fs.readFileSync(file, "utf8").replace(/\\\n/g, " ");
   const stages = new Map();
@@ -56,6 +76,7 @@ export function loadContainerfile(file) {
       const parent = stages.get(from[1]);
       current = {
         binaries: new Set(parent ? parent.binaries : []),
+        files: new Set(parent ? parent.files : []),
         entrypoint: parent ? parent.entrypoint : null,
         ports: new Set(parent ? parent.ports : []),
         uid: parent ? parent.uid : null,
@@ -64,9 +85,22 @@ export function loadContainerfile(file) {
       continue;
     }
     if (!current) continue;
-    const copy = line.match(/^COPY\s+(?:--\S+\s+)*(.+)\s+(\S+)$/i);
-    if (copy && copy[2].replace(/\/$/, "") === "/usr/local/bin") {
-      for (const src of copy[1].trim().split(/\s+/)) current.binaries.add(path.basename(src));
+    const run = line.match(/^RUN\s+(.*)$/i);
+    if (run) for (const f of installedFiles(run[1])) current.files.add(f);
+    const copy = line.match(/^COPY\s+((?:--\S+\s+)*)(.+)\s+(\S+)$/i);
+    if (copy && copy[3].replace(/\/$/, "") === "/usr/local/bin") {
+      for (const src of copy[2].trim().split(/\s+/)) current.binaries.add(path.basename(src));
+    }
+    // COPY --from=STAGE SRC... DIR/: the files of STAGE under each SRC
+    // directory, moved to DIR.
+    const copyFrom = copy && copy[1].match(/--from=(\S+)/);
+    if (copyFrom && stages.has(copyFrom[1]) && copy[3].endsWith("/")) {
+      for (const src of copy[2].trim().split(/\s+/)) {
+        if (!src.endsWith("/")) continue;
+        for (const f of stages.get(copyFrom[1]).files) {
+          if (f.startsWith(src)) current.files.add(copy[3] + f.slice(src.length));
+        }
+      }
     }
     const entry = line.match(/^ENTRYPOINT\s+(\[.*\])/i);
     if (entry) current.entrypoint = JSON.parse(entry[1]);
