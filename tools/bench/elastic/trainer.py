@@ -10,15 +10,16 @@ BENCH_DIR/events.<node>.<pid>.jsonl (one JSON object a line, written as it
 happens), so the driver sees the job's progress while it runs and times
 every phase of a re-form afterwards:
 
-  start   the process started (before torch is imported)
-  init    bt.init() returned: rank, size, generation, the agent's pid
-  sync    the training function (re)starts: the rank is synchronized in
-          generation `gen` (after the first sync or a re-form)
-  commit  state.commit() returned after step `step` in generation `gen`
-  fail    the training function stopped with an error (a re-form)
-  kill    this trainer kills (or stops) its agent and itself now
-  done    trained to the end: rank, size, and state.reforms (each re-form
-          this rank went through, with failed_at and synced_at)
+  start      the process started (before torch is imported)
+  init       bt.init() returned: rank, size, generation, the agent's pid
+  broadcast  state.sync() (the root's state broadcast) ran from t0 to t
+  sync       the training function (re)starts: the rank is synchronized
+             in generation `gen` (after the first sync or a re-form)
+  commit     state.commit() returned after step `step` in generation `gen`
+  fail       the training function stopped with an error (a re-form)
+  kill       this trainer kills (or stops) its agent and itself now
+  done       trained to the end: rank, size, and state.reforms (each
+             re-form this rank went through, with failed_at and synced_at)
 
 The driver steers the trainers through two files, each replaced whole
 (written aside and renamed), which every trainer reads when they change:
@@ -292,19 +293,21 @@ class Killer:
 
 
 class BenchState(elastic.State):
-    """elastic.State, with a hook where the state broadcast starts and its
-    time kept."""
+    """elastic.State, with a hook where the state broadcast starts, and the
+    broadcast's times in the events ("broadcast": from t0 to t)."""
 
-    def __init__(self, on_sync, phases, **kwargs):
+    def __init__(self, on_sync, phases, events, **kwargs):
         super().__init__(**kwargs)
         self._on_sync = on_sync
         self._phases = phases
+        self._events = events
 
     def sync(self, root_rank=0):
         self._on_sync()
-        started = time.monotonic()
+        started, t0 = time.monotonic(), time.time()
         super().sync(root_rank)
         self._phases.add("sync", time.monotonic() - started)
+        self._events.write("broadcast", t0=t0, root=root_rank)
 
 
 def status_of_job(batonctl, path):
@@ -358,7 +361,7 @@ def main():
         poll()
         killer.at_sync()
 
-    state = BenchState(on_sync, phases, model=model, optimizer=optimizer, step=0)
+    state = BenchState(on_sync, phases, events, model=model, optimizer=optimizer, step=0)
 
     @elastic.run
     def train(state):
