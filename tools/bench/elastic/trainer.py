@@ -256,6 +256,7 @@ class Killer:
         (("elastic.py", "sync"), "re-form: state broadcast (state.sync)"),
         (("elastic.py", "_save"), "state snapshot (commit or sync)"),
         (("optimizers.py", "step"), "push_pull: in optimizer.step()"),
+        (("optimizer.py", "wrapper"), "push_pull: entering optimizer.step()"),
         (("_tensor.py", "backward"), "backward (push_pulls starting)"),
         (("elastic.py", "commit"), "state.commit()"),
         (("trainer.py", "train"), "training loop (the compute sleep, or between the calls above)"),
