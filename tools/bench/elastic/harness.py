@@ -31,6 +31,22 @@ class Stuck(Exception):
     """A bounded wait gave up, or the job ended before it should have."""
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the driver: its job is killed, the rest
+    skipped."""
+
+
+def stop_on_signals():
+    """SIGINT and SIGTERM raise Interrupted in the driver (batonrun runs in
+    a session of its own, so they do not reach it: the driver kills it)."""
+
+    def interrupted(signum, _frame):
+        raise Interrupted("received %s" % signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
+
+
 class Life:
     """One trainer process: its node, pid and events so far."""
 
@@ -209,9 +225,9 @@ class ElasticJob:
         try:
             self.rc = self._proc.wait(timeout=max(timeout, 0.1))
         except subprocess.TimeoutExpired:
-            self.kill("batonrun did not exit within %.0f s" % timeout)
-            raise Stuck("batonrun did not exit within %.0f s (the trainers' stacks are in %s)"
-                        % (timeout, os.path.join(self.dir, "batonrun.log")))
+            why = "batonrun did not exit within the %.0f s left of the time limit" % timeout
+            self.kill(why)
+            raise Stuck("%s (the trainers' stacks are in %s)" % (why, os.path.join(self.dir, "batonrun.log")))
         self._reader.join(timeout=5)
         self.refresh()
         return self.rc
