@@ -185,9 +185,6 @@ class ElasticJob:
         newest = self.current()
         return len(newest) == self.nodes and self.committed(newest.values(), self.nodes, since, steps)
 
-    def kills(self):
-        return [(life, e) for life in self.lives.values() for e in life.events if e["ev"] == "kill"]
-
     def max_step(self):
         return max((e["step"] for life in self.lives.values() for e in life.events if e["ev"] == "commit"), default=0)
 
