@@ -59,8 +59,8 @@ bool IsEntry(const ChannelEntry& e, int32_t index, int64_t step) {
 
 std::string Describe(const ChannelEntry& e) {
   return absl::StrCat("{index ", e.index, ", flags ", e.flags, ", step ",
-                      e.step, ", value ", e.value, ", generation ", e.generation,
-                      "}");
+                      e.step, ", value ", e.value, ", generation ",
+                      e.generation, "}");
 }
 
 // Whole milliseconds, so that failed bounds print as numbers.
