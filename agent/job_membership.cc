@@ -83,6 +83,11 @@ void JobMembership::End(const absl::Status& status) {
   state_ = State::kDone;
   if (data_plane_) RetireDataPlane(status);
   held_failures_.clear();
+  env_.transport->DropKept(LinkKey(""));
+}
+
+std::string JobMembership::LinkKey(const std::string& purpose) const {
+  return absl::StrCat(job_, "/", purpose);
 }
 
 void JobMembership::HandleCoordinatorMessage(const v1::CoordinatorMessage& m) {
@@ -444,6 +449,7 @@ void JobMembership::ConnectDataPlane() {
   request.store = env_.store_factory(job_, m.generation());
   request.count = config_.data_channels;
   request.timeout = config_.op_timeout;
+  request.reuse_key = LinkKey("data");
   const int64_t generation = m.generation();
   connectors_.emplace_back([this, request, generation]() mutable {
     // std::function needs a copyable task: share the move-only result.
@@ -451,6 +457,7 @@ void JobMembership::ConnectDataPlane() {
         absl::UnavailableError("not connected"));
     // Node rank 0's --data_channels holds for everyone, so agents started
     // with different values still build the same communicators.
+    const Transport::LinkCounts before = env_.transport->link_counts();
     absl::StatusOr<int> channels = AgreeOnChannels(request);
     absl::StatusOr<std::unique_ptr<NegotiationWire>> negotiation =
         channels.ok() ? env_.transport->ConnectNegotiation(request)
@@ -460,8 +467,11 @@ void JobMembership::ConnectDataPlane() {
       absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> data =
           env_.transport->Connect(request);
       if (data.ok()) {
-        *comms = DataConnections{std::move(negotiation).value(),
-                                 std::move(data).value()};
+        const Transport::LinkCounts after = env_.transport->link_counts();
+        *comms = DataConnections{
+            std::move(negotiation).value(),
+            std::move(data).value(),
+            {after.kept - before.kept, after.made - before.made}};
       } else {
         *comms = data.status();
       }
@@ -557,7 +567,8 @@ void JobMembership::OnDataPlaneConnected(
   *plane_ptr = data_plane_.get();
   if (plan_) data_plane_->SetKnownTensors(plan_->tensors_size());
   LOG(INFO) << JobLogPrefix() << "data plane of generation " << generation
-            << " connected";
+            << " connected (" << comms->links.kept << " connections kept, "
+            << comms->links.made << " made)";
   MaybeConnectDevices();
   callbacks_.submit_waiting();
 }
@@ -625,6 +636,7 @@ void JobMembership::MaybeConnectDevices() {
       if (request.num_nodes > 1) {
         ConnectRequest host = request;
         host.prefix += "-host";
+        host.reuse_key = LinkKey("gpu-host");
         auto comms = env_.transport->Connect(host);
         if (!comms.ok()) return comms.status();
         connected.host = std::move(comms->front());

@@ -176,6 +176,9 @@ class JobMembership {
   void OnDevicesConnected(int64_t generation,
                           absl::StatusOr<DeviceGroup> group);
   void RetireDataPlane(absl::Status status);
+  // "<job>/<purpose>": the key under which the transport keeps this job's
+  // connections of `purpose` between generations (ConnectRequest.reuse_key).
+  std::string LinkKey(const std::string& purpose) const;
 
   // Constant after construction.
   const std::string job_;

@@ -20,13 +20,19 @@ class PoisonState {
  public:
   bool is_set() const { return set_.load(std::memory_order_acquire); }
 
-  // Records `status`.
+  // Records `status`, unless a status was recorded before: the first one
+  // stays (an abort, and the error it causes, are one failure).
   void Set(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      status_ = std::move(status);
-    }
+    absl::MutexLock lock(&mu_);
+    if (set_.load(std::memory_order_relaxed)) return;
+    status_ = std::move(status);
     set_.store(true, std::memory_order_release);
+  }
+
+  // The status recorded (OK until set).
+  absl::Status cause() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return status_;
   }
 
   // OK until set; then FAILED_PRECONDITION "<what> poisoned by <error>;

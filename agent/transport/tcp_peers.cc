@@ -14,7 +14,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
+#include <optional>
+#include <random>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -103,8 +106,15 @@ struct Hello {
   uint32_t magic;
   int32_t rank;
   uint64_t prefix_hash;
+  uint64_t id;  // the new link's Link::id
 };
-static_assert(sizeof(Hello) == 16);
+static_assert(sizeof(Hello) == 24);
+
+// How long a connect waits for the links the last generation's communicators
+// still hold (they let go as their threads see the abort: milliseconds).
+constexpr absl::Duration kReturnWait = absl::Seconds(2);
+// More unread bytes than socket buffers can hold: the peer's count is wrong.
+constexpr uint64_t kMaxUnread = uint64_t{256} << 20;
 
 // FNV-1a: the same on every node, unlike std::hash.
 uint64_t HashPrefix(const std::string& prefix) {
@@ -198,20 +208,13 @@ absl::StatusOr<int> Listen(const std::string& address, const std::string& kind,
   return *fd;
 }
 
-// Connects to "<host> <port>" (what a peer published) by `deadline`.
-absl::StatusOr<int> ConnectTo(const std::string& published,
+// Connects to `host` and `port` (what a peer published) by `deadline`.
+absl::StatusOr<int> ConnectTo(const std::string& host, int port,
                               const std::string& kind, const Deadline& deadline,
                               FdList& fds) {
-  const std::vector<std::string> parts = absl::StrSplit(published, ' ');
-  int port = 0;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &port) || port <= 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("published ", kind, " address \"", published,
-                     "\" is not \"<host> <port>\""));
-  }
+  const std::string published = absl::StrCat(host, " ", port);
   absl::StatusOr<AddrInfo> info =
-      Resolve(parts[0], parts[1], 0,
+      Resolve(host, absl::StrCat(port), 0,
               absl::StrCat("published ", kind, " address \"", published, "\""));
   if (!info.ok()) return info.status();
   absl::StatusOr<int> connecting = NewSocket(**info, fds);
@@ -256,88 +259,162 @@ std::string RankList(const std::vector<int>& ranks) {
   return absl::StrJoin(ranks, ", ");
 }
 
-}  // namespace
+// A new link's id: random, so that two links never share one.
+uint64_t NewLinkId() {
+  std::random_device random;
+  uint64_t id = 0;
+  while (id == 0) {
+    id = (static_cast<uint64_t>(random()) << 32) ^ random();
+  }
+  return id;
+}
 
-absl::StatusOr<std::vector<int>> ConnectPeers(const ConnectRequest& request,
-                                              const std::string& address,
-                                              const PeerSet& set,
-                                              const std::vector<bool>& wanted,
-                                              Clock& clock) {
-  const Deadline deadline(clock, absl::FromChrono(request.timeout));
-  const int rank = request.node_rank;
-  const int size = request.num_nodes;
-  const std::string& what = set.what;
-  if (static_cast<int>(wanted.size()) != size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", wanted.size(), " peer flags for ", size, " nodes"));
-  }
-  std::vector<int> lower;
-  int higher = 0;
-  for (int r = 0; r < size; ++r) {
-    if (r == rank || !wanted[r]) continue;
-    if (r < rank) {
-      lower.push_back(r);
-    } else {
-      ++higher;
-    }
-  }
-  FdList fds;
-  std::vector<int> peers(size, -1);
-  if (lower.empty() && higher == 0) return peers;
+// What a node publishes for a peer set: where it listens, and the links of
+// the last generation it kept (id and bytes it sent on each).
+struct Published {
+  std::string host;
   int port = 0;
-  absl::StatusOr<int> listener =
-      Listen(address, set.kind, SOMAXCONN, fds, &port);
-  if (!listener.ok()) {
-    return absl::Status(listener.status().code(),
-                        absl::StrCat(what, ": ", listener.status().message()));
+  std::map<uint64_t, uint64_t> kept;
+};
+
+// "<host> <port>[ <id hex>:<sent>]...".
+std::string Publication(const std::string& host, int port,
+                        const std::vector<Link>& kept) {
+  std::string text = absl::StrCat(host, " ", port);
+  for (const Link& link : kept) {
+    absl::StrAppend(&text, " ", absl::Hex(link.id), ":", link.sent);
   }
-  const std::string key_prefix = StoreKey(request.prefix, set.name);
-  const auto key = [&](int r) { return StoreKey(key_prefix, absl::StrCat(r)); };
-  if (absl::Status published =
-          request.store->Set(key(rank), absl::StrCat(address, " ", port));
-      !published.ok()) {
-    return absl::Status(published.code(),
-                        absl::StrCat(what, ": ", published.message()));
+  return text;
+}
+
+// INVALID_ARGUMENT quoting `text` when it is not a Publication.
+absl::StatusOr<Published> ParsePublication(const std::string& text,
+                                           const std::string& kind) {
+  const std::vector<std::string> parts = absl::StrSplit(text, ' ');
+  Published published;
+  bool valid = parts.size() >= 2 && !parts[0].empty() &&
+               absl::SimpleAtoi(parts[1], &published.port) &&
+               published.port > 0 && published.port <= 65535;
+  if (valid) published.host = parts[0];
+  for (size_t i = 2; valid && i < parts.size(); ++i) {
+    const std::vector<std::string> link = absl::StrSplit(parts[i], ':');
+    uint64_t id = 0;
+    uint64_t sent = 0;
+    valid = link.size() == 2 && absl::SimpleHexAtoi(link[0], &id) && id != 0 &&
+            absl::SimpleAtoi(link[1], &sent) &&
+            published.kept.emplace(id, sent).second;
   }
-  const uint64_t prefix_hash = HashPrefix(key_prefix);
-  // Every wanted lower rank listens: connect and introduce this node.
-  if (!lower.empty()) {
-    std::vector<std::string> keys;
-    for (int r : lower) keys.push_back(key(r));
-    auto addresses =
-        request.store->Get(keys, absl::ToChronoMilliseconds(deadline.Left()));
-    if (!addresses.ok()) {
-      return absl::Status(
-          addresses.status().code(),
-          absl::StrCat(
-              what, ": waiting for node rank(s) ", RankList(lower),
-              " to publish their address: ", addresses.status().message()));
+  if (!valid) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "published ", kind, " address \"", text,
+        "\" is not \"<host> <port>\" followed by \"<link id>:<bytes sent>\" "
+        "pairs (the nodes must run one build of baton)"));
+  }
+  return published;
+}
+
+// The links a connect took from the pool. Those it does not keep are closed
+// when it ends, however it ends: this node published their counts, so their
+// streams are good only to a peer that keeps them too.
+class TakenLinks {
+ public:
+  TakenLinks(LinkPool* pool, const std::string& key, absl::Duration wait)
+      : pool_(pool), key_(key) {
+    if (pool_ != nullptr) links_ = pool_->Take(key_, wait);
+  }
+  ~TakenLinks() {
+    for (Link& link : links_) {
+      if (link.fd < 0) continue;
+      link.broken = true;
+      pool_->Return(key_, link);
     }
-    for (size_t i = 0; i < lower.size(); ++i) {
-      const int r = lower[i];
-      absl::StatusOr<int> fd =
-          ConnectTo((*addresses)[i], set.kind, deadline, fds);
-      Hello hello = {kMagic, rank, prefix_hash};
-      absl::Status status = fd.ok() ? SendAll(*fd, &hello, sizeof hello,
-                                              deadline, "introducing this node")
-                                    : fd.status();
-      if (!status.ok()) {
-        return absl::Status(
-            status.code(),
-            absl::StrCat(what, ": node rank ", r, ": ", status.message()));
+  }
+  TakenLinks(const TakenLinks&) = delete;
+  TakenLinks& operator=(const TakenLinks&) = delete;
+
+  const std::vector<Link>& links() const { return links_; }
+
+  // The link with the smallest id that a peer kept too (`kept`: the ids it
+  // published), now owned by the caller; nullopt when there is none. Both
+  // ends choose the same one.
+  std::optional<Link> Keep(const std::map<uint64_t, uint64_t>& kept) {
+    Link* best = nullptr;
+    for (Link& link : links_) {
+      if (link.fd >= 0 && kept.count(link.id) != 0 &&
+          (best == nullptr || link.id < best->id)) {
+        best = &link;
       }
-      peers[r] = *fd;
+    }
+    if (best == nullptr) return std::nullopt;
+    Link link = *best;
+    best->fd = -1;
+    return link;
+  }
+
+ private:
+  LinkPool* const pool_;
+  const std::string key_;
+  std::vector<Link> links_;
+};
+
+// Reads and drops what the peer sent on a kept link that this node never
+// read (`peer_sent` is the peer's count), so that the next byte is the
+// peer's first of this generation; then both counts restart at zero.
+absl::Status SkipUnread(Link& link, uint64_t peer_sent,
+                        const Deadline& deadline) {
+  const std::string what = absl::StrCat(
+      "the connection kept from the last "
+      "generation (link ",
+      absl::Hex(link.id), ")");
+  if (peer_sent < link.received || peer_sent - link.received > kMaxUnread) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the peer says it sent ", peer_sent,
+                     " bytes, this node read ", link.received, " of them"));
+  }
+  uint64_t left = peer_sent - link.received;
+  char scratch[64 << 10];
+  while (left > 0) {
+    const ssize_t n =
+        Receive(link, scratch, std::min<uint64_t>(left, sizeof scratch));
+    if (n > 0) {
+      left -= static_cast<uint64_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      return absl::UnavailableError(
+          absl::StrCat(what, " was closed by the peer"));
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      return absl::UnavailableError(absl::StrCat(what, ": ", Errno("recv")));
+    }
+    struct pollfd pfd = {link.fd, POLLIN, 0};
+    if (::poll(&pfd, 1, PollMillis(deadline)) == 0) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": timed out skipping ", left, " unread bytes"));
     }
   }
-  // Every wanted higher rank connects here.
+  link.sent = 0;
+  link.received = 0;
+  return absl::OkStatus();
+}
+
+// Accepts `count` introductions on `listener` from the ranks with
+// fresh[rank] (all higher than `rank`), into links[rank].
+absl::Status AcceptPeers(int listener, int rank, const std::vector<bool>& fresh,
+                         int count, uint64_t hash, const Deadline& deadline,
+                         std::chrono::milliseconds timeout,
+                         const std::string& what, FdList& fds,
+                         std::vector<Link>& links) {
+  const int size = static_cast<int>(fresh.size());
   struct Pending {
     int fd;
     Hello hello;
     size_t received;
   };
   std::vector<Pending> pending;
-  for (int accepted = 0; accepted < higher;) {
-    std::vector<struct pollfd> pfds = {{*listener, POLLIN, 0}};
+  for (int accepted = 0; accepted < count;) {
+    std::vector<struct pollfd> pfds = {{listener, POLLIN, 0}};
     for (const Pending& p : pending) pfds.push_back({p.fd, POLLIN, 0});
     const int ready = ::poll(pfds.data(), pfds.size(), PollMillis(deadline));
     if (ready < 0 && errno == EINTR) continue;
@@ -347,12 +424,11 @@ absl::StatusOr<std::vector<int>> ConnectPeers(const ConnectRequest& request,
     if (ready == 0) {
       std::vector<int> missing;
       for (int r = rank + 1; r < size; ++r) {
-        if (wanted[r] && peers[r] < 0) missing.push_back(r);
+        if (fresh[r] && links[r].fd < 0) missing.push_back(r);
       }
-      return absl::DeadlineExceededError(
-          absl::StrCat(what, " timed out after ", request.timeout.count(),
-                       " ms: node rank(s) ", absl::StrJoin(missing, ", "),
-                       " did not connect"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, " timed out after ", timeout.count(), " ms: node rank(s) ",
+          absl::StrJoin(missing, ", "), " did not connect"));
     }
     std::vector<Pending> still;
     for (size_t i = 0; i < pending.size(); ++i) {
@@ -374,11 +450,12 @@ absl::StatusOr<std::vector<int>> ConnectPeers(const ConnectRequest& request,
         continue;
       }
       const Hello& h = p.hello;
-      if (n > 0 && h.magic == kMagic && h.prefix_hash == prefix_hash &&
-          h.rank > rank && h.rank < size && wanted[h.rank] &&
-          peers[h.rank] < 0) {
+      if (n > 0 && h.magic == kMagic && h.prefix_hash == hash &&
+          h.rank > rank && h.rank < size && fresh[h.rank] &&
+          links[h.rank].fd < 0 && h.id != 0) {
         SetNoDelay(p.fd);
-        peers[h.rank] = p.fd;
+        links[h.rank].fd = p.fd;
+        links[h.rank].id = h.id;
         ++accepted;
       } else {
         fds.Release(p.fd);
@@ -388,12 +465,121 @@ absl::StatusOr<std::vector<int>> ConnectPeers(const ConnectRequest& request,
     pending.swap(still);
     if (pfds[0].revents != 0) {
       const int fd = fds.Add(
-          ::accept4(*listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+          ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
       if (fd >= 0) pending.push_back({fd, Hello{}, 0});
     }
   }
-  for (int fd : peers) fds.Release(fd);
-  return peers;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LentLinks> ConnectPeers(const ConnectRequest& request,
+                                       const std::string& address,
+                                       const PeerSet& set,
+                                       const std::vector<bool>& wanted,
+                                       Clock& clock, LinkPool* pool) {
+  const Deadline deadline(clock, absl::FromChrono(request.timeout));
+  const int rank = request.node_rank;
+  const int size = request.num_nodes;
+  const std::string& what = set.what;
+  if (static_cast<int>(wanted.size()) != size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", wanted.size(), " peer flags for ", size, " nodes"));
+  }
+  std::vector<int> others;
+  for (int r = 0; r < size; ++r) {
+    if (r != rank && wanted[r]) others.push_back(r);
+  }
+  if (pool != nullptr && request.reuse_key.empty()) pool = nullptr;
+  const std::string pool_key =
+      pool == nullptr ? "" : StoreKey(request.reuse_key, set.name);
+  if (others.empty()) {
+    return LentLinks(std::vector<Link>(size), pool, pool_key);
+  }
+  // Links of earlier generations under this key; the ones not kept are
+  // closed, on every path.
+  TakenLinks taken(pool, pool_key, std::min(kReturnWait, deadline.Left()));
+  FdList fds;
+  int port = 0;
+  absl::StatusOr<int> listener =
+      Listen(address, set.kind, SOMAXCONN, fds, &port);
+  if (!listener.ok()) {
+    return absl::Status(listener.status().code(),
+                        absl::StrCat(what, ": ", listener.status().message()));
+  }
+  const std::string key_prefix = StoreKey(request.prefix, set.name);
+  const auto key = [&](int r) { return StoreKey(key_prefix, absl::StrCat(r)); };
+  if (absl::Status published = request.store->Set(
+          key(rank), Publication(address, port, taken.links()));
+      !published.ok()) {
+    return absl::Status(published.code(),
+                        absl::StrCat(what, ": ", published.message()));
+  }
+  const uint64_t hash = HashPrefix(key_prefix);
+  std::vector<std::string> keys;
+  for (int r : others) keys.push_back(key(r));
+  auto entries =
+      request.store->Get(keys, absl::ToChronoMilliseconds(deadline.Left()));
+  if (!entries.ok()) {
+    return absl::Status(
+        entries.status().code(),
+        absl::StrCat(what, ": waiting for the addresses of node rank(s) ",
+                     RankList(others), ": ", entries.status().message()));
+  }
+  std::vector<Link> links(size);
+  int higher = 0;  // fresh links the higher ranks make
+  int kept = 0;
+  for (size_t i = 0; i < others.size(); ++i) {
+    const int r = others[i];
+    absl::StatusOr<Published> peer = ParsePublication((*entries)[i], set.kind);
+    if (!peer.ok()) {
+      return absl::Status(
+          peer.status().code(),
+          absl::StrCat(what, ": node rank ", r, ": ", peer.status().message()));
+    }
+    if (std::optional<Link> link = taken.Keep(peer->kept)) {
+      absl::Status skipped =
+          SkipUnread(*link, peer->kept.at(link->id), deadline);
+      if (!skipped.ok()) {
+        return absl::Status(
+            skipped.code(),
+            absl::StrCat(what, ": node rank ", r, ": ", skipped.message()));
+      }
+      links[r] = *link;
+      ++kept;
+    } else if (r < rank) {
+      // Every wanted lower rank listens: connect and introduce this node.
+      absl::StatusOr<int> fd =
+          ConnectTo(peer->host, peer->port, set.kind, deadline, fds);
+      Hello hello = {kMagic, rank, hash, NewLinkId()};
+      absl::Status status = fd.ok() ? SendAll(*fd, &hello, sizeof hello,
+                                              deadline, "introducing this node")
+                                    : fd.status();
+      if (!status.ok()) {
+        return absl::Status(
+            status.code(),
+            absl::StrCat(what, ": node rank ", r, ": ", status.message()));
+      }
+      links[r].fd = *fd;
+      links[r].id = hello.id;
+    } else {
+      ++higher;
+    }
+  }
+  std::vector<bool> fresh(size, false);
+  for (int r : others) fresh[r] = r > rank && links[r].fd < 0;
+  absl::Status accepted =
+      AcceptPeers(*listener, rank, fresh, higher, hash, deadline,
+                  request.timeout, what, fds, links);
+  if (!accepted.ok()) return accepted;
+  const int made = static_cast<int>(others.size()) - kept;
+  for (const Link& link : links) fds.Release(link.fd);
+  if (pool != nullptr) {
+    pool->Lend(pool_key, made);
+    pool->Count(kept, made);
+  }
+  return LentLinks(std::move(links), pool, pool_key);
 }
 
 }  // namespace baton::agent::tcp

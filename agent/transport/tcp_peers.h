@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "agent/transport/tcp_link_pool.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
 
@@ -51,24 +52,34 @@ struct PeerSet {
 
 // Connects this node to every node rank r with wanted[r] (this node's own
 // entry is ignored; `wanted` must be symmetric: r wants this node too).
-// Each node listens on an ephemeral port of `address` (a numeric IP address
-// of this node), publishes "<host> <port>" under the set's key, connects to
-// every wanted lower rank and introduces itself (magic, its rank, a hash of
-// the key prefix), and accepts every wanted higher rank. Introductions are
-// read as they arrive, so a connection that says nothing holds up nobody;
-// one that is not a wanted peer of this set is dropped.
 //
-// Returns one fd per node rank (-1 for this node and the ones not wanted):
-// non-blocking, TCP_NODELAY, owned by the caller. Errors like
+// With a `pool` and request.reuse_key, the links this node kept from earlier
+// generations under "<reuse_key>/<set name>" are kept where the peer kept
+// the same link (LinkPool, Link): what the peer sent on it that this node
+// never read is skipped, and the link carries on. Only the other wanted
+// peers get a new connection. Links not kept are closed.
+//
+// Each node listens on an ephemeral port of `address` (a numeric IP address
+// of this node) and publishes "<host> <port>" followed by "<id>:<sent>" for
+// each link it kept, under the set's key; reads every wanted peer's entry;
+// connects to each wanted lower rank it keeps no link with and introduces
+// itself (magic, its rank, a hash of the key prefix, the new link's id); and
+// accepts the same from the higher ones. Introductions are read as they
+// arrive, so a connection that says nothing holds up nobody; one that is not
+// a wanted peer of this set is dropped.
+//
+// Returns one link per node rank (fd -1 for this node and the ones not
+// wanted): non-blocking, TCP_NODELAY, lent from `pool` (given back when the
+// LentLinks end) or owned outright without one. Errors like
 // Transport::Connect: DEADLINE_EXCEEDED naming the node ranks that never
 // published or connected by request.timeout (measured on `clock`); the
 // store's own code (ABORTED: the generation ended); UNAVAILABLE for a
-// socket error; INVALID_ARGUMENT for a bad request or address.
-absl::StatusOr<std::vector<int>> ConnectPeers(const ConnectRequest& request,
-                                              const std::string& address,
-                                              const PeerSet& set,
-                                              const std::vector<bool>& wanted,
-                                              Clock& clock);
+// socket error; INVALID_ARGUMENT for a bad request, address or publication.
+absl::StatusOr<LentLinks> ConnectPeers(const ConnectRequest& request,
+                                       const std::string& address,
+                                       const PeerSet& set,
+                                       const std::vector<bool>& wanted,
+                                       Clock& clock, LinkPool* pool);
 
 }  // namespace tcp
 }  // namespace baton::agent

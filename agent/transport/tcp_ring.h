@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "agent/reduce.h"
 #include "agent/transport/poison_state.h"
+#include "agent/transport/tcp_link_pool.h"
 #include "agent/transport/tcp_peers.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
@@ -48,18 +49,23 @@ namespace baton::agent {
 // header differs from its own fails the operation with FAILED_PRECONDITION
 // naming both, instead of reading the stream as something it is not.
 //
-// Not thread-safe, like every Communicator. Errors name the node ranks; any
-// error poisons the ring and shuts its connections down, so that neighbours
-// blocked on this node fail at once.
+// Not thread-safe, like every Communicator. Errors name the node ranks and
+// poison the ring. A connection that failed is shut down; so are both when
+// the neighbours disagree (a header mismatch: the streams are out of step).
+// Otherwise the connections stay as they are, so that survivors can keep
+// them through a re-form (tcp::LinkPool): a neighbour blocked on this node
+// ends when its own data plane aborts it (the generation changed) or at its
+// timeout.
 class TcpRing : public Communicator {
  public:
   // Connects communicator `name` ("c0") of `request` (request.count is
   // ignored): keys under "<prefix>/ring/<name>/<rank>", connections to the
-  // previous and the next node rank only. Errors as tcp::ConnectPeers.
-  // `clock` measures every timeout; it must outlive the ring.
+  // previous and the next node rank only, kept in `pool` (may be null)
+  // across generations. Errors as tcp::ConnectPeers. `clock` measures every
+  // timeout; it must outlive the ring, and `pool` the ring's end.
   static absl::StatusOr<std::unique_ptr<TcpRing>> Connect(
       const ConnectRequest& request, const std::string& address,
-      const std::string& name, Clock* clock);
+      const std::string& name, Clock* clock, tcp::LinkPool* pool);
 
   ~TcpRing() override;
 
@@ -71,8 +77,8 @@ class TcpRing : public Communicator {
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
   bool poisoned() const override { return poison_.is_set(); }
-  // Shuts both connections down: a collective in flight fails at once, and
-  // so do the neighbours' (they see the connection close).
+  // Thread-safe: a collective in flight fails at once with `status`. The
+  // connections stay open (a re-form may keep them).
   void Abort(const absl::Status& status) override;
 
   // The unit in which received bytes are added (and the scratch's size).
@@ -110,25 +116,36 @@ class TcpRing : public Communicator {
     bool forward = false;
   };
 
-  TcpRing(std::string name, int rank, int size, int prev_fd, int next_fd,
-          Clock* clock);
+  TcpRing(std::string name, int rank, int size, tcp::LentLinks links,
+          int abort_fd, Clock* clock);
+
+  // x mod size_ for x in (-size_, 2 size_): a node rank.
+  int Wrap(int x) const { return ((x % size_) + size_) % size_; }
+  tcp::Link& prev() { return links_[Wrap(rank_ - 1)]; }
+  tcp::Link& next() { return links_[Wrap(rank_ + 1)]; }
 
   // "communicator c0 of 3 nodes (node rank 1)".
   std::string Describe() const;
   absl::Status Run(const Step& step, const Deadline& deadline,
                    const std::string& what, const CollectiveOptions& options);
-  absl::Status Poison(absl::Status status);
+  // Records `status` as the poison and returns it; after an Abort, the
+  // abort's status instead, prefixed with `what` (the operation it ended).
+  absl::Status Poison(absl::Status status, const std::string& what);
+  // Poison after an I/O error on `link`: that connection is shut down.
+  absl::Status PoisonLink(tcp::Link& link, absl::Status status,
+                          const std::string& what);
   absl::Status HeaderMismatch(const Header& mine, const Header& theirs,
                               const std::string& what);
 
   const std::string name_;
   const int rank_;
   const int size_;
-  // The previous and the next node rank's connections (one connection
-  // when there are two nodes); -1 for a single node. Closed by the
-  // destructor only.
-  const int prev_fd_;
-  const int next_fd_;
+  // By node rank: the previous and the next node's links (one link when
+  // there are two nodes; none for a single node). Given back to the pool, or
+  // closed, by the destructor.
+  tcp::LentLinks links_;
+  // An eventfd: Abort adds to it, a collective in flight wakes on it.
+  const int abort_fd_;
   Clock* const clock_;
   std::vector<uint8_t> scratch_;
   uint32_t seq_ = 0;

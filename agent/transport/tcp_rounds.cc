@@ -35,7 +35,8 @@ using tcp::PollMillis;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpRounds>> TcpRounds::Connect(
-    const ConnectRequest& request, const std::string& address, Clock* clock) {
+    const ConnectRequest& request, const std::string& address, Clock* clock,
+    tcp::LinkPool* pool) {
   ConnectRequest checked = request;
   checked.count = 1;
   if (absl::Status valid = ValidateConnectRequest(checked); !valid.ok()) {
@@ -54,31 +55,25 @@ absl::StatusOr<std::unique_ptr<TcpRounds>> TcpRounds::Connect(
     return absl::UnavailableError(
         absl::StrCat(set.what, ": ", Errno("eventfd")));
   }
-  absl::StatusOr<std::vector<int>> fds = tcp::ConnectPeers(
-      request, address, set, std::vector<bool>(size, true), *clock);
-  if (!fds.ok()) {
+  absl::StatusOr<tcp::LentLinks> links = tcp::ConnectPeers(
+      request, address, set, std::vector<bool>(size, true), *clock, pool);
+  if (!links.ok()) {
     ::close(interrupt_fd);
-    return fds.status();
+    return links.status();
   }
-  std::vector<Peer> peers(size);
-  for (int r = 0; r < size; ++r) peers[r].fd = (*fds)[r];
   return std::unique_ptr<TcpRounds>(
-      new TcpRounds(rank, std::move(peers), interrupt_fd, clock));
+      new TcpRounds(rank, std::move(links).value(), interrupt_fd, clock));
 }
 
-TcpRounds::TcpRounds(int rank, std::vector<Peer> peers, int interrupt_fd,
+TcpRounds::TcpRounds(int rank, tcp::LentLinks links, int interrupt_fd,
                      Clock* clock)
     : rank_(rank),
-      peers_(std::move(peers)),
+      links_(std::move(links)),
+      peers_(links_.size()),
       interrupt_fd_(interrupt_fd),
       clock_(clock) {}
 
-TcpRounds::~TcpRounds() {
-  for (const Peer& peer : peers_) {
-    if (peer.fd >= 0) ::close(peer.fd);
-  }
-  ::close(interrupt_fd_);
-}
+TcpRounds::~TcpRounds() { ::close(interrupt_fd_); }
 
 std::string TcpRounds::Describe() const {
   return absl::StrCat("negotiation connections of ", size(),
@@ -91,10 +86,12 @@ absl::Status TcpRounds::CheckUsable() const {
 
 absl::Status TcpRounds::Poison(absl::Status status) {
   poison_.Set(status);
-  for (const Peer& peer : peers_) {
-    if (peer.fd >= 0) ::shutdown(peer.fd, SHUT_RDWR);
-  }
   return status;
+}
+
+absl::Status TcpRounds::PoisonPeer(int peer, absl::Status status) {
+  tcp::ShutDown(links_[peer]);
+  return Poison(std::move(status));
 }
 
 void TcpRounds::Interrupt() {
@@ -111,9 +108,12 @@ absl::StatusOr<bool> TcpRounds::AwaitRound(size_t count) {
   }
   if (size() == 1) return false;  // nobody else can start one
   std::vector<struct pollfd> pfds;
+  std::vector<int> ranks = {-1};
   pfds.push_back({interrupt_fd_, POLLIN, 0});
-  for (const Peer& peer : peers_) {
-    if (peer.fd >= 0) pfds.push_back({peer.fd, POLLIN, 0});
+  for (int r = 0; r < size(); ++r) {
+    if (links_[r].fd < 0) continue;
+    pfds.push_back({links_[r].fd, POLLIN, 0});
+    ranks.push_back(r);
   }
   while (true) {
     const int ready = ::poll(pfds.data(), pfds.size(), -1);
@@ -135,12 +135,13 @@ absl::StatusOr<bool> TcpRounds::AwaitRound(size_t count) {
       const ssize_t n = ::recv(pfds[i].fd, &byte, 1, MSG_PEEK);
       if (n > 0) return true;
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      int peer = 0;
-      while (peers_[peer].fd != pfds[i].fd) ++peer;
-      return Poison(absl::UnavailableError(absl::StrCat(
-          "waiting for a negotiation round on ", Describe(), ": node rank ",
-          peer, " closed its connection (its agent left the job or failed)",
-          n < 0 ? absl::StrCat(": ", Errno("recv")) : "")));
+      const int peer = ranks[i];
+      return PoisonPeer(
+          peer,
+          absl::UnavailableError(absl::StrCat(
+              "waiting for a negotiation round on ", Describe(), ": node rank ",
+              peer, " closed its connection (its agent left the job or failed)",
+              n < 0 ? absl::StrCat(": ", Errno("recv")) : "")));
     }
   }
 }
@@ -177,14 +178,14 @@ absl::Status TcpRounds::ExchangeMin(int64_t* data, size_t count,
   // Per peer: bytes of `out` sent; each peer's message is read into its
   // own buffer. Sends and receives interleave, so that two nodes with
   // vectors larger than their socket buffers never wait on each other.
-  std::vector<size_t> sent(peers_.size(), 0);
+  std::vector<size_t> sent(size(), 0);
   for (Peer& peer : peers_) {
     peer.message.assign(count + 1, 0);
     peer.received = 0;
   }
   const auto peer_error = [&](int peer, const std::string& why) {
-    return Poison(absl::UnavailableError(
-        absl::StrCat(what, ": node rank ", peer, " ", why)));
+    return PoisonPeer(peer, absl::UnavailableError(absl::StrCat(
+                                what, ": node rank ", peer, " ", why)));
   };
   std::vector<struct pollfd> pfds;
   std::vector<int> ranks;
@@ -193,12 +194,12 @@ absl::Status TcpRounds::ExchangeMin(int64_t* data, size_t count,
     ranks.clear();
     for (int p = 0; p < size(); ++p) {
       const Peer& peer = peers_[p];
-      if (peer.fd < 0) continue;
+      if (links_[p].fd < 0) continue;
       short events = 0;
       if (sent[p] < message_bytes) events |= POLLOUT;
       if (peer.received < message_bytes) events |= POLLIN;
       if (events != 0) {
-        pfds.push_back({peer.fd, events, 0});
+        pfds.push_back({links_[p].fd, events, 0});
         ranks.push_back(p);
       }
     }
@@ -220,9 +221,9 @@ absl::Status TcpRounds::ExchangeMin(int64_t* data, size_t count,
       const int p = ranks[i];
       Peer& peer = peers_[p];
       if ((pfds[i].revents & POLLOUT) != 0 && sent[p] < message_bytes) {
-        const ssize_t n =
-            ::send(peer.fd, reinterpret_cast<const char*>(out.data()) + sent[p],
-                   message_bytes - sent[p], MSG_NOSIGNAL);
+        const ssize_t n = tcp::Send(
+            links_[p], reinterpret_cast<const char*>(out.data()) + sent[p],
+            message_bytes - sent[p]);
         if (n > 0) {
           sent[p] += static_cast<size_t>(n);
         } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
@@ -232,10 +233,10 @@ absl::Status TcpRounds::ExchangeMin(int64_t* data, size_t count,
       if ((pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0 &&
           peer.received < message_bytes) {
         // Exactly one message: the next round's may follow in the stream.
-        const ssize_t n =
-            ::recv(peer.fd,
-                   reinterpret_cast<char*>(peer.message.data()) + peer.received,
-                   message_bytes - peer.received, 0);
+        const ssize_t n = tcp::Receive(
+            links_[p],
+            reinterpret_cast<char*>(peer.message.data()) + peer.received,
+            message_bytes - peer.received);
         if (n == 0) {
           return peer_error(
               p, "closed its connection (its agent left the job or failed)");
@@ -248,6 +249,8 @@ absl::Status TcpRounds::ExchangeMin(int64_t* data, size_t count,
         peer.received += static_cast<size_t>(n);
         if (before < sizeof(int64_t) && peer.received >= sizeof(int64_t) &&
             peer.message[0] != static_cast<int64_t>(count)) {
+          // The streams are out of step: no connection can be kept.
+          for (int r = 0; r < size(); ++r) tcp::ShutDown(links_[r]);
           return Poison(absl::FailedPreconditionError(absl::StrCat(
               what, ": node rank ", p, " sent a vector of ", peer.message[0],
               " words, this node one of ", count,
@@ -257,8 +260,9 @@ absl::Status TcpRounds::ExchangeMin(int64_t* data, size_t count,
       }
     }
   }
-  for (const Peer& peer : peers_) {
-    if (peer.fd < 0) continue;
+  for (int p = 0; p < size(); ++p) {
+    if (links_[p].fd < 0) continue;
+    const Peer& peer = peers_[p];
     for (size_t i = 0; i < count; ++i) {
       data[i] = std::min(data[i], peer.message[i + 1]);
     }

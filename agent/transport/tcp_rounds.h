@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/scheduler/negotiation_wire.h"
 #include "agent/transport/poison_state.h"
+#include "agent/transport/tcp_link_pool.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
 
@@ -41,9 +42,12 @@ namespace baton::agent {
 // A round carries at most 2^24 words (INVALID_ARGUMENT above that).
 //
 // A round is not acknowledged: a node that joins a round after the others
-// gave up on it (their ExchangeMin timed out and closed the connections)
-// may still complete it from the vectors they had sent; it fails at its
-// next round.
+// gave up on it (their ExchangeMin timed out) may still complete it from the
+// vectors they had sent.
+//
+// A failure poisons the rounds and shuts down only the connection it came
+// from (all of them when the nodes disagree on a round's size), so that
+// survivors can keep the others through a re-form (tcp::LinkPool).
 class TcpRounds : public NegotiationWire {
  public:
   // Connects the rounds of `request` (request.count is ignored) through
@@ -54,7 +58,8 @@ class TcpRounds : public NegotiationWire {
   // for a bad request. `clock` measures every timeout; it must outlive the
   // rounds.
   static absl::StatusOr<std::unique_ptr<TcpRounds>> Connect(
-      const ConnectRequest& request, const std::string& address, Clock* clock);
+      const ConnectRequest& request, const std::string& address, Clock* clock,
+      tcp::LinkPool* pool);
 
   ~TcpRounds() override;
 
@@ -68,25 +73,27 @@ class TcpRounds : public NegotiationWire {
   bool poisoned() const override { return poison_.is_set(); }
 
  private:
-  // One peer's connection (fd -1 for this node's own slot) and the vector
-  // being read from it.
+  // The vector being read from one peer.
   struct Peer {
-    int fd = -1;
     std::vector<int64_t> message;  // count word + the vector
     size_t received = 0;           // bytes of `message` read so far
   };
-  TcpRounds(int rank, std::vector<Peer> peers, int interrupt_fd, Clock* clock);
+  TcpRounds(int rank, tcp::LentLinks links, int interrupt_fd, Clock* clock);
 
   // "negotiation connections of 3 nodes (node rank 0)".
   std::string Describe() const;
   // FAILED_PRECONDITION once poisoned.
   absl::Status CheckUsable() const;
-  // Records `status` as the poison, shuts every connection down (peers
-  // blocked on this node fail at once) and returns it.
+  // Records `status` as the poison and returns it.
   absl::Status Poison(absl::Status status);
+  // The same after an I/O error on node rank `peer`'s connection, which is
+  // shut down.
+  absl::Status PoisonPeer(int peer, absl::Status status);
 
-  // Constant after construction (fds are closed by the destructor only).
   const int rank_;
+  // By node rank (fd -1 for this node's own slot): given back to the pool,
+  // or closed, by the destructor.
+  tcp::LentLinks links_;
   std::vector<Peer> peers_;
   // An eventfd: Interrupt() adds to it, AwaitRound drains it.
   const int interrupt_fd_;

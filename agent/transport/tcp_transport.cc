@@ -33,8 +33,8 @@ TcpTransport::Connect(const ConnectRequest& request) {
   std::vector<std::unique_ptr<Communicator>> rings;
   rings.reserve(request.count);
   for (int i = 0; i < request.count; ++i) {
-    absl::StatusOr<std::unique_ptr<TcpRing>> ring =
-        TcpRing::Connect(request, address_, absl::StrCat("c", i), clock_);
+    absl::StatusOr<std::unique_ptr<TcpRing>> ring = TcpRing::Connect(
+        request, address_, absl::StrCat("c", i), clock_, &pool_);
     if (!ring.ok()) return ring.status();
     rings.push_back(std::move(ring).value());
   }
@@ -44,9 +44,16 @@ TcpTransport::Connect(const ConnectRequest& request) {
 absl::StatusOr<std::unique_ptr<NegotiationWire>>
 TcpTransport::ConnectNegotiation(const ConnectRequest& request) {
   absl::StatusOr<std::unique_ptr<TcpRounds>> rounds =
-      TcpRounds::Connect(request, address_, clock_);
+      TcpRounds::Connect(request, address_, clock_, &pool_);
   if (!rounds.ok()) return rounds.status();
   return std::unique_ptr<NegotiationWire>(std::move(rounds).value());
+}
+
+void TcpTransport::DropKept(const std::string& prefix) { pool_.Drop(prefix); }
+
+Transport::LinkCounts TcpTransport::link_counts() const {
+  const tcp::LinkPool::Counts counts = pool_.counts();
+  return {counts.kept, counts.made};
 }
 
 }  // namespace baton::agent

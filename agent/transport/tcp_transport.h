@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/transport/tcp_link_pool.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
 
@@ -14,6 +15,10 @@ namespace baton::agent {
 // communicator is a TcpRing (ring collectives run by the calling thread),
 // the negotiation is TcpRounds. No thread of its own. The agent's default
 // (--data_transport=tcp); GlooTransport is the alternative.
+//
+// Keeps connections between generations (ConnectRequest.reuse_key, in a
+// tcp::LinkPool): after a re-form the survivors go on with the connections
+// they have, and connect only to new or changed peers.
 //
 // Thread-safe.
 class TcpTransport : public Transport {
@@ -34,6 +39,8 @@ class TcpTransport : public Transport {
       const ConnectRequest& request) override;
   absl::StatusOr<std::unique_ptr<NegotiationWire>> ConnectNegotiation(
       const ConnectRequest& request) override;
+  void DropKept(const std::string& prefix) override;
+  LinkCounts link_counts() const override;
 
   const std::string& address() const { return address_; }
 
@@ -43,6 +50,8 @@ class TcpTransport : public Transport {
 
   const std::string address_;
   Clock* const clock_;
+  // Outlives every communicator it lends to (the transport does).
+  tcp::LinkPool pool_;
 };
 
 }  // namespace baton::agent

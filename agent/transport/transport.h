@@ -60,6 +60,13 @@ class Communicator {
 struct DataConnections {
   std::unique_ptr<NegotiationWire> negotiation;
   std::vector<std::unique_ptr<Communicator>> data;
+  // Connections kept from the last generation and made anew for these
+  // (Transport::link_counts; on an agent running several jobs, others'
+  // connects in the meantime count too).
+  struct {
+    int64_t kept = 0;
+    int64_t made = 0;
+  } links;
 };
 
 // What a node needs to connect its communicators for one (generation, epoch).
@@ -75,6 +82,10 @@ struct ConnectRequest {
   int count = 1;
   // Bounds connecting (waiting for peers' addresses and connecting to them).
   std::chrono::milliseconds timeout{60000};
+  // Connections made under one key ("<job>/data") are kept for the next
+  // connect under it where both ends kept them (TcpTransport only); empty:
+  // every connect makes its own.
+  std::string reuse_key;
 };
 
 // INVALID_ARGUMENT naming the field when `request` cannot be connected:
@@ -119,6 +130,18 @@ class Transport {
   // request.count is ignored. Errors like Connect.
   virtual absl::StatusOr<std::unique_ptr<NegotiationWire>> ConnectNegotiation(
       const ConnectRequest& request) = 0;
+
+  // Closes the connections kept under reuse keys starting with `prefix` (a
+  // job that ended on this agent). The default keeps none.
+  virtual void DropKept(const std::string& prefix) { (void)prefix; }
+
+  // Connections kept from an earlier generation and made anew, since the
+  // agent started (both 0 for transports that keep none).
+  struct LinkCounts {
+    int64_t kept = 0;
+    int64_t made = 0;
+  };
+  virtual LinkCounts link_counts() const { return {}; }
 };
 
 }  // namespace baton::agent

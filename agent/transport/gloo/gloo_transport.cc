@@ -177,7 +177,8 @@ GlooTransport::GlooTransport(std::shared_ptr<gloo::transport::Device> device,
 absl::StatusOr<std::unique_ptr<NegotiationWire>>
 GlooTransport::ConnectNegotiation(const ConnectRequest& request) {
   absl::StatusOr<std::unique_ptr<TcpRounds>> rounds =
-      TcpRounds::Connect(request, address_, options_.clock);
+      TcpRounds::Connect(request, address_, options_.clock,
+                         /*pool=*/nullptr);
   if (!rounds.ok()) return rounds.status();
   return std::unique_ptr<NegotiationWire>(std::move(rounds).value());
 }

@@ -1,0 +1,245 @@
+// TcpTransport keeps connections between generations (tcp::LinkPool): after
+// a re-form the survivors carry on with the connections they have, skipping
+// what an aborted operation left unread, and connect only to new or changed
+// peers. Real TCP on loopback, one thread per node.
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "agent/transport/memory_key_value_store.h"
+#include "agent/transport/tcp_transport.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/agent/transport/node_threads.h"
+
+namespace baton::agent {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr std::chrono::milliseconds kTimeout{10000};
+
+// One node: an agent's transport and what it connected for the generation
+// it is in.
+struct Node {
+  std::unique_ptr<TcpTransport> transport;
+  std::vector<std::unique_ptr<Communicator>> rings;
+  std::unique_ptr<NegotiationWire> rounds;
+};
+
+std::unique_ptr<TcpTransport> NewTransport() {
+  auto transport = TcpTransport::Create("127.0.0.1");
+  EXPECT_TRUE(transport.ok()) << transport.status();
+  return std::move(transport).value();
+}
+
+ConnectRequest Request(int rank, int nodes, int generation,
+                       std::shared_ptr<KeyValueStore> store) {
+  ConnectRequest request;
+  request.node_rank = rank;
+  request.num_nodes = nodes;
+  request.prefix = absl::StrCat("baton/job/", generation, "/data");
+  request.store = std::move(store);
+  request.count = 2;
+  request.timeout = kTimeout;
+  request.reuse_key = "job/data";
+  return request;
+}
+
+// Connects a generation of `members` (node indices, in rank order): each
+// member drops what it held (as the agent does once the last generation's
+// data plane is gone), then connects rings and rounds. Returns each
+// member's connections kept and made in this connect.
+std::vector<Transport::LinkCounts> ConnectGeneration(
+    std::vector<Node>& nodes, const std::vector<int>& members, int generation) {
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  const int size = static_cast<int>(members.size());
+  std::vector<Transport::LinkCounts> counts(size);
+  OnEveryNode(size, [&](int rank) {
+    Node& node = nodes[members[rank]];
+    node.rings.clear();
+    node.rounds.reset();
+    const Transport::LinkCounts before = node.transport->link_counts();
+    const ConnectRequest request = Request(rank, size, generation, store);
+    auto rounds = node.transport->ConnectNegotiation(request);
+    ASSERT_TRUE(rounds.ok()) << "rank " << rank << ": " << rounds.status();
+    auto rings = node.transport->Connect(request);
+    ASSERT_TRUE(rings.ok()) << "rank " << rank << ": " << rings.status();
+    node.rounds = std::move(rounds).value();
+    node.rings = std::move(rings).value();
+    const Transport::LinkCounts after = node.transport->link_counts();
+    counts[rank] = {after.kept - before.kept, after.made - before.made};
+  });
+  return counts;
+}
+
+// Every member runs an allreduce on each ring and a negotiation round, and
+// gets the exact results.
+void ExpectExactCollectives(std::vector<Node>& nodes,
+                            const std::vector<int>& members) {
+  const int size = static_cast<int>(members.size());
+  constexpr size_t kCount = size_t{1} << 18;
+  OnEveryNode(size, [&](int rank) {
+    Node& node = nodes[members[rank]];
+    for (auto& ring : node.rings) {
+      std::vector<float> data(kCount, static_cast<float>(rank + 1));
+      ASSERT_TRUE(ring->AllreduceSum(data.data(), kCount, v1::DATA_TYPE_FLOAT32,
+                                     CollectiveOptions{kTimeout, 0})
+                      .ok());
+      const float sum = static_cast<float>(size * (size + 1) / 2);
+      EXPECT_EQ(data.front(), sum) << "rank " << rank;
+      EXPECT_EQ(data.back(), sum) << "rank " << rank;
+    }
+    std::vector<int64_t> vector = {rank + 10, 100 - rank};
+    ASSERT_TRUE(node.rounds
+                    ->ExchangeMin(vector.data(), vector.size(),
+                                  CollectiveOptions{kTimeout, 0})
+                    .ok());
+    EXPECT_EQ(vector, (std::vector<int64_t>{10, 100 - (size - 1)}))
+        << "rank " << rank;
+  });
+}
+
+// Bytes in flight when a generation ends: members but the last start an
+// allreduce on ring 0, which the last never joins, and a negotiation round;
+// then every member's data plane aborts them (the generation changed).
+void AbortMidCollective(std::vector<Node>& nodes,
+                        const std::vector<int>& members) {
+  const int size = static_cast<int>(members.size());
+  constexpr size_t kCount = size_t{4} << 20;
+  std::vector<std::thread> threads;
+  std::vector<absl::Notification> started(size - 1);
+  std::vector<absl::Status> statuses(size - 1);
+  for (int rank = 0; rank + 1 < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      Node& node = nodes[members[rank]];
+      std::vector<float> data(kCount, 1.0f);
+      started[rank].Notify();
+      statuses[rank] = node.rings[0]->AllreduceSum(
+          data.data(), kCount, v1::DATA_TYPE_FLOAT32,
+          CollectiveOptions{kTimeout, 0});
+    });
+  }
+  for (auto& notification : started) notification.WaitForNotification();
+  // Half a round from the last member: the others never read it.
+  std::vector<int64_t> vector(1000, 7);
+  Node& last = nodes[members.back()];
+  std::thread round([&] {
+    (void)last.rounds->ExchangeMin(
+        vector.data(), vector.size(),
+        CollectiveOptions{std::chrono::milliseconds(300), 0});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int member : members) {
+    for (auto& ring : nodes[member].rings) {
+      ring->Abort(absl::AbortedError("generation ended"));
+    }
+  }
+  for (std::thread& thread : threads) thread.join();
+  round.join();
+  for (int rank = 0; rank + 1 < size; ++rank) {
+    EXPECT_THAT(statuses[rank].message(), HasSubstr("generation ended"))
+        << "rank " << rank << ": " << statuses[rank];
+  }
+}
+
+// The same members re-form after an abort mid-allreduce and mid-round: every
+// connection is kept, none made, and the bytes left unread are skipped.
+TEST(TcpKeptLinksTest, SameMembersKeepEveryConnectionAfterAnAbort) {
+  std::vector<Node> nodes(3);
+  for (Node& node : nodes) node.transport = NewTransport();
+  const std::vector<int> all = {0, 1, 2};
+  for (const auto& counts : ConnectGeneration(nodes, all, 1)) {
+    // 2 rings of 2 neighbours, rounds with both others.
+    EXPECT_EQ(counts.kept, 0);
+    EXPECT_EQ(counts.made, 6);
+  }
+  ExpectExactCollectives(nodes, all);
+  AbortMidCollective(nodes, all);
+  for (const auto& counts : ConnectGeneration(nodes, all, 2)) {
+    EXPECT_EQ(counts.kept, 6);
+    EXPECT_EQ(counts.made, 0);
+  }
+  ExpectExactCollectives(nodes, all);
+}
+
+// A node is lost mid-allreduce: the survivors keep their connections to each
+// other and connect only where the ring closes the gap. A replacement joins:
+// only its own connections are made, and the gap's is closed again.
+TEST(TcpKeptLinksTest, SurvivorsConnectOnlyToNewPeers) {
+  std::vector<Node> nodes(5);
+  for (int i = 0; i < 4; ++i) nodes[i].transport = NewTransport();
+  ConnectGeneration(nodes, {0, 1, 2, 3}, 1);
+  ExpectExactCollectives(nodes, {0, 1, 2, 3});
+  AbortMidCollective(nodes, {0, 1, 3, 2});
+  nodes[2] = Node();  // killed: its connections close
+
+  // Ranks 0, 1, 2 are nodes 0, 1, 3. Rounds: the two others, kept. Rings:
+  // 0-1 and 3-0 kept, 1-3 made.
+  const std::vector<Transport::LinkCounts> survivors =
+      ConnectGeneration(nodes, {0, 1, 3}, 2);
+  EXPECT_EQ(survivors[0].kept, 2 + 2 * 2);
+  EXPECT_EQ(survivors[0].made, 0);
+  EXPECT_EQ(survivors[1].kept, 2 + 2 * 1);
+  EXPECT_EQ(survivors[1].made, 2 * 1);
+  EXPECT_EQ(survivors[2].kept, 2 + 2 * 1);
+  EXPECT_EQ(survivors[2].made, 2 * 1);
+  ExpectExactCollectives(nodes, {0, 1, 3});
+
+  nodes[4].transport = NewTransport();
+  const std::vector<Transport::LinkCounts> grown =
+      ConnectGeneration(nodes, {0, 1, 3, 4}, 3);
+  // Rings 0-1-3-4-0: 0-1 and 1-3 kept, 3-4 and 4-0 made. Rounds: the
+  // joiner's three made.
+  EXPECT_EQ(grown[0].kept, 2 + 2 * 1);
+  EXPECT_EQ(grown[0].made, 1 + 2 * 1);
+  EXPECT_EQ(grown[1].kept, 2 + 2 * 2);
+  EXPECT_EQ(grown[1].made, 1);
+  EXPECT_EQ(grown[2].kept, 2 + 2 * 1);
+  EXPECT_EQ(grown[2].made, 1 + 2 * 1);
+  EXPECT_EQ(grown[3].kept, 0);
+  EXPECT_EQ(grown[3].made, 3 + 2 * 2);
+  ExpectExactCollectives(nodes, {0, 1, 3, 4});
+}
+
+// A job that ended drops what it kept: the next run connects anew.
+TEST(TcpKeptLinksTest, DroppedKeysKeepNothing) {
+  std::vector<Node> nodes(2);
+  for (Node& node : nodes) node.transport = NewTransport();
+  ConnectGeneration(nodes, {0, 1}, 1);
+  for (Node& node : nodes) {
+    node.rings.clear();
+    node.rounds.reset();
+    node.transport->DropKept("job/");
+  }
+  for (const auto& counts : ConnectGeneration(nodes, {0, 1}, 2)) {
+    EXPECT_EQ(counts.kept, 0);
+    EXPECT_EQ(counts.made, 1 + 2);
+  }
+  ExpectExactCollectives(nodes, {0, 1});
+}
+
+// What a peer publishes is validated: a kept-link entry that does not parse
+// fails the connect naming the peer, instead of being trusted.
+TEST(TcpKeptLinksTest, MalformedPublicationIsRefusedNamingThePeer) {
+  auto store = std::make_shared<MemoryKeyValueStore>();
+  ASSERT_TRUE(
+      store->Set("baton/job/1/data/rounds/1", "127.0.0.1 9 zz:12").ok());
+  std::unique_ptr<TcpTransport> transport = NewTransport();
+  auto rounds = transport->ConnectNegotiation(Request(0, 2, 1, store));
+  ASSERT_FALSE(rounds.ok());
+  EXPECT_EQ(rounds.status().code(), absl::StatusCode::kInvalidArgument)
+      << rounds.status();
+  EXPECT_THAT(rounds.status().message(), HasSubstr("node rank 1"));
+  EXPECT_THAT(rounds.status().message(), HasSubstr("127.0.0.1 9 zz:12"));
+}
+
+}  // namespace
+}  // namespace baton::agent
