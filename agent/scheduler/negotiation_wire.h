@@ -23,12 +23,11 @@ namespace baton::agent {
 // is stopping). Every member calls ExchangeMin exactly once per round, all
 // with the same count; AwaitRound gets the coming round's count.
 //
-// One thread at a time calls ExchangeMin and AwaitRound; Interrupt and
-// poisoned may be called from any thread. A failed round poisons the wire:
-// the failing call returns the error naming the node, the connections are
-// closed so that peers fail at once, and every later call returns
-// FAILED_PRECONDITION. A poisoned wire is never retried; the owner builds a
-// new one.
+// One thread at a time calls ExchangeMin and AwaitRound; Interrupt, Abort
+// and poisoned may be called from any thread. A failed round poisons the
+// wire: the failing call returns the error naming the node, and every later
+// call returns FAILED_PRECONDITION. A poisoned wire is never retried; the
+// owner builds a new one.
 class NegotiationWire {
  public:
   virtual ~NegotiationWire() = default;
@@ -46,6 +45,13 @@ class NegotiationWire {
   // Makes the current AwaitRound return false, or the next one if none is
   // waiting. ExchangeMin is not disturbed by it.
   virtual void Interrupt() = 0;
+  // Poisons the wire with `status` and ends a round or a wait in progress
+  // at once (the data plane stops: the generation changed). The default
+  // only interrupts a wait.
+  virtual void Abort(const absl::Status& status) {
+    (void)status;
+    Interrupt();
+  }
 
   virtual bool poisoned() const = 0;
 };

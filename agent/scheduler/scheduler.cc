@@ -488,7 +488,16 @@ void Scheduler::StopLocked(absl::Status status, bool drain, Done& done) {
   }
   for (uint64_t id : unlaunched) MaybeFinishLocked(id, done);
   news_.SignalAll();
-  if (negotiation_ != nullptr) negotiation_->Interrupt();
+  if (negotiation_ != nullptr) {
+    // Draining, the rounds go on until every node stopped; otherwise a
+    // round in progress ends now, and the connections come free for the
+    // next generation (TcpTransport keeps them).
+    if (drain) {
+      negotiation_->Interrupt();
+    } else {
+      negotiation_->Abort(stop_status_);
+    }
+  }
   executor_->Stop(stop_status_, /*drop=*/!drain);
 }
 

@@ -51,29 +51,50 @@ absl::StatusOr<std::unique_ptr<TcpRounds>> TcpRounds::Connect(
                           " nodes (node rank ", rank, ", keys under \"",
                           StoreKey(request.prefix, set.name), "/\")");
   const int interrupt_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (interrupt_fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat(set.what, ": ", Errno("eventfd")));
+  const int abort_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (interrupt_fd < 0 || abort_fd < 0) {
+    const absl::Status error =
+        absl::UnavailableError(absl::StrCat(set.what, ": ", Errno("eventfd")));
+    if (interrupt_fd >= 0) ::close(interrupt_fd);
+    if (abort_fd >= 0) ::close(abort_fd);
+    return error;
   }
   absl::StatusOr<tcp::LentLinks> links = tcp::ConnectPeers(
       request, address, set, std::vector<bool>(size, true), *clock, pool);
   if (!links.ok()) {
     ::close(interrupt_fd);
+    ::close(abort_fd);
     return links.status();
   }
-  return std::unique_ptr<TcpRounds>(
-      new TcpRounds(rank, std::move(links).value(), interrupt_fd, clock));
+  return std::unique_ptr<TcpRounds>(new TcpRounds(
+      rank, std::move(links).value(), interrupt_fd, abort_fd, clock));
 }
 
 TcpRounds::TcpRounds(int rank, tcp::LentLinks links, int interrupt_fd,
-                     Clock* clock)
+                     int abort_fd, Clock* clock)
     : rank_(rank),
       links_(std::move(links)),
       peers_(links_.size()),
       interrupt_fd_(interrupt_fd),
+      abort_fd_(abort_fd),
       clock_(clock) {}
 
-TcpRounds::~TcpRounds() { ::close(interrupt_fd_); }
+TcpRounds::~TcpRounds() {
+  ::close(interrupt_fd_);
+  ::close(abort_fd_);
+}
+
+void TcpRounds::Abort(const absl::Status& status) {
+  poison_.Set(status);
+  const uint64_t one = 1;
+  // Fails only when the counter would overflow: it is set either way.
+  (void)!::write(abort_fd_, &one, sizeof one);
+}
+
+absl::Status TcpRounds::Aborted(const std::string& what) const {
+  const absl::Status cause = poison_.cause();
+  return absl::Status(cause.code(), absl::StrCat(what, ": ", cause.message()));
+}
 
 std::string TcpRounds::Describe() const {
   return absl::StrCat("negotiation connections of ", size(),
@@ -108,8 +129,9 @@ absl::StatusOr<bool> TcpRounds::AwaitRound(size_t count) {
   }
   if (size() == 1) return false;  // nobody else can start one
   std::vector<struct pollfd> pfds;
-  std::vector<int> ranks = {-1};
+  std::vector<int> ranks = {-1, -1};
   pfds.push_back({interrupt_fd_, POLLIN, 0});
+  pfds.push_back({abort_fd_, POLLIN, 0});
   for (int r = 0; r < size(); ++r) {
     if (links_[r].fd < 0) continue;
     pfds.push_back({links_[r].fd, POLLIN, 0});
@@ -123,12 +145,16 @@ absl::StatusOr<bool> TcpRounds::AwaitRound(size_t count) {
           absl::StrCat("waiting for a negotiation round on ", Describe(), ": ",
                        Errno("poll"))));
     }
+    if (pfds[1].revents != 0) {
+      return Aborted(
+          absl::StrCat("waiting for a negotiation round on ", Describe()));
+    }
     if (pfds[0].revents != 0) {
       uint64_t value = 0;
       (void)!::read(interrupt_fd_, &value, sizeof value);
       return false;
     }
-    for (size_t i = 1; i < pfds.size(); ++i) {
+    for (size_t i = 2; i < pfds.size(); ++i) {
       if (pfds[i].revents == 0) continue;
       // A vector waits in the socket, or the peer is gone (end of stream).
       char byte = 0;
@@ -190,6 +216,7 @@ absl::Status TcpRounds::ExchangeMin(int64_t* data, size_t count,
   std::vector<struct pollfd> pfds;
   std::vector<int> ranks;
   while (true) {
+    if (poison_.is_set()) return Aborted(what);
     pfds.clear();
     ranks.clear();
     for (int p = 0; p < size(); ++p) {
@@ -204,20 +231,25 @@ absl::Status TcpRounds::ExchangeMin(int64_t* data, size_t count,
       }
     }
     if (pfds.empty()) break;
+    pfds.push_back({abort_fd_, POLLIN, 0});
+    ranks.push_back(-1);
     const int ready = ::poll(pfds.data(), pfds.size(), PollMillis(deadline));
     if (ready < 0) {
       if (errno == EINTR) continue;
       return Poison(
           absl::UnavailableError(absl::StrCat(what, ": ", Errno("poll"))));
     }
+    if (ready > 0 && pfds.back().revents != 0) return Aborted(what);
     if (ready == 0) {
       std::vector<int> missing;
-      for (size_t i = 0; i < ranks.size(); ++i) missing.push_back(ranks[i]);
+      for (const int r : ranks) {
+        if (r >= 0) missing.push_back(r);
+      }
       return Poison(absl::DeadlineExceededError(absl::StrCat(
           what, " timed out after ", options.timeout.count(),
           " ms waiting for node rank(s) ", absl::StrJoin(missing, ", "))));
     }
-    for (size_t i = 0; i < pfds.size(); ++i) {
+    for (size_t i = 0; i + 1 < pfds.size(); ++i) {
       const int p = ranks[i];
       Peer& peer = peers_[p];
       if ((pfds[i].revents & POLLOUT) != 0 && sent[p] < message_bytes) {

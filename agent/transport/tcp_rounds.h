@@ -70,6 +70,7 @@ class TcpRounds : public NegotiationWire {
                            const CollectiveOptions& options) override;
   absl::StatusOr<bool> AwaitRound(size_t count) override;
   void Interrupt() override;
+  void Abort(const absl::Status& status) override;
   bool poisoned() const override { return poison_.is_set(); }
 
  private:
@@ -78,7 +79,10 @@ class TcpRounds : public NegotiationWire {
     std::vector<int64_t> message;  // count word + the vector
     size_t received = 0;           // bytes of `message` read so far
   };
-  TcpRounds(int rank, tcp::LentLinks links, int interrupt_fd, Clock* clock);
+  TcpRounds(int rank, tcp::LentLinks links, int interrupt_fd, int abort_fd,
+            Clock* clock);
+  // After Abort: its status, prefixed with `what` (the call it ended).
+  absl::Status Aborted(const std::string& what) const;
 
   // "negotiation connections of 3 nodes (node rank 0)".
   std::string Describe() const;
@@ -97,6 +101,8 @@ class TcpRounds : public NegotiationWire {
   std::vector<Peer> peers_;
   // An eventfd: Interrupt() adds to it, AwaitRound drains it.
   const int interrupt_fd_;
+  // An eventfd: Abort() sets it for good; every wait polls it.
+  const int abort_fd_;
   Clock* const clock_;
 
   PoisonState poison_;

@@ -239,6 +239,65 @@ TEST_P(TcpRoundsWaitTest, InterruptWakesTheWaitAndRoundsGoOn) {
   EXPECT_FALSE(first.poisoned());
 }
 
+// Abort (the data plane stopping on a generation change) ends a round that
+// waits for a silent peer at once, not at its timeout, and a wait for a
+// round too; both name the reason, the wire is poisoned, and the peers'
+// connections stay open (a re-form may keep them).
+TEST_P(TcpRoundsWaitTest, AbortEndsARoundAndAWaitAtOnce) {
+  const int nodes = GetParam();
+  std::unique_ptr<Cluster> cluster = Connected(nodes);
+  ASSERT_FALSE(HasFailure());
+  NegotiationWire& first = *cluster->negotiations[0];
+  absl::Status round;
+  std::thread exchanger([&] {
+    std::vector<int64_t> data(3, 1);
+    round = first.ExchangeMin(data.data(), data.size(),
+                              CollectiveOptions{kOpTimeout, 0});
+  });
+  std::this_thread::sleep_for(milliseconds(50));
+  const auto start = SteadyClock::now();
+  first.Abort(absl::AbortedError("generation 4 began"));
+  exchanger.join();
+  EXPECT_LT(Since(start).count(), kFailFast.count()) << round;
+  EXPECT_EQ(round.code(), absl::StatusCode::kAborted) << round;
+  EXPECT_THAT(std::string(round.message()),
+              HasSubstr("negotiation round of 24 bytes (int64)"));
+  EXPECT_THAT(std::string(round.message()), HasSubstr("generation 4 began"));
+  EXPECT_TRUE(first.poisoned());
+  EXPECT_EQ(first.AwaitRound(3).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // A wait with no round coming ends too.
+  std::unique_ptr<Cluster> quiet = Connected(nodes);
+  ASSERT_FALSE(HasFailure());
+  NegotiationWire& waiting = *quiet->negotiations[0];
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    waiting.Abort(absl::AbortedError("generation 4 began"));
+  });
+  const auto wait_start = SteadyClock::now();
+  const absl::StatusOr<bool> waited = waiting.AwaitRound(3);
+  aborter.join();
+  EXPECT_LT(Since(wait_start).count(), kFailFast.count());
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kAborted)
+      << waited.status();
+  EXPECT_THAT(std::string(waited.status().message()),
+              HasSubstr("generation 4 began"));
+  // Nothing was closed: a third node's wait sees no end of stream.
+  if (nodes > 2) {
+    NegotiationWire& third = *cluster->negotiations[2];
+    std::thread interrupter([&] {
+      std::this_thread::sleep_for(milliseconds(100));
+      third.Interrupt();
+    });
+    const absl::StatusOr<bool> quiet = third.AwaitRound(3);
+    interrupter.join();
+    // Node 0's half-sent round may wait in its socket (true), but no peer
+    // closed its connection (which would be an error).
+    EXPECT_TRUE(quiet.ok()) << quiet.status();
+  }
+}
+
 // A node waiting for a round while a peer goes away fails at once with
 // UNAVAILABLE instead of waiting forever. With more than two nodes a
 // survivor may see another survivor's closed connection first (each closes
