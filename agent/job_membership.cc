@@ -404,6 +404,15 @@ void JobMembership::HandleError(uint64_t reply_to, const v1::Error& error) {
     LOG(ERROR) << JobLogPrefix() << error.message();
     return;
   }
+  if (reply_to != 0 && reply_to == manifest_seq_ &&
+      status.code() == absl::StatusCode::kAborted) {
+    // The manifest was for a generation that ended before the coordinator
+    // read it (a node was lost meanwhile): not a refusal of the
+    // declarations. The next generation's membership sends them again.
+    LOG(INFO) << JobLogPrefix()
+              << "manifest overtaken by a new generation: " << error.message();
+    return;
+  }
   if (reply_to != 0 && reply_to == manifest_seq_) {
     // The coordinator refused this node's declarations outright (not a
     // mismatch between nodes): nothing declared can ever run.
