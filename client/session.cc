@@ -551,17 +551,21 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Init() {
   if (!options.ok()) return options.status();
   absl::StatusOr<std::unique_ptr<Session>> session = Init(*options);
   if (!session.ok()) return session;
-  absl::Status status = CheckLauncherVariable("RANK", (*session)->rank());
-  if (status.ok()) {
-    status = CheckLauncherVariable("WORLD_SIZE", (*session)->size());
-  }
-  if (!status.ok()) {
-    (*session)
-        ->impl_->Shutdown(std::chrono::seconds(0), /*may_finish=*/false)
-        .IgnoreError();
+  if (absl::Status status = (*session)->CheckLauncherEnvironment();
+      !status.ok()) {
     return status;
   }
   return session;
+}
+
+absl::Status Session::CheckLauncherEnvironment() {
+  absl::Status status = CheckLauncherVariable("RANK", rank());
+  if (status.ok()) status = CheckLauncherVariable("WORLD_SIZE", size());
+  if (!status.ok()) {
+    impl_->Shutdown(std::chrono::seconds(0), /*may_finish=*/false)
+        .IgnoreError();
+  }
+  return status;
 }
 
 int32_t Session::rank() const { return impl_->client_->rank(); }

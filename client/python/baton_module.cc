@@ -235,7 +235,10 @@ std::unique_ptr<Session> InitSession(py::object attach_timeout) {
     session = Session::Init(*options);
   }
   if (interrupted->has_value()) throw std::move(**interrupted);
-  return Check(std::move(session));
+  std::unique_ptr<Session> attached = Check(std::move(session));
+  // torchrun's or batonrun's RANK / WORLD_SIZE must be what the job assigned.
+  Check(attached->CheckLauncherEnvironment());
+  return attached;
 }
 
 }  // namespace

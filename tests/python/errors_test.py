@@ -86,5 +86,30 @@ def test_misuses_are_value_errors():
     assert "ValueError: baton is not initialized" in out.stdout, (out.stdout, out.stderr)
 
 
+
+def test_a_launcher_rank_the_job_does_not_assign_fails_init():
+    """A trainer whose launcher (torchrun) set RANK and WORLD_SIZE other than
+    what its job assigns fails init() naming the variable (a ValueError: the
+    launch is wrong), as the C++ Session::Init() does; the job of this
+    test's ranks goes on. Rank 0 only:
+    a one-node job of its own on this agent."""
+    if bt.rank() == 0:
+        probe = (
+            "import baton, baton.torch as bt\n"
+            "try:\n"
+            "    bt.init()\n"
+            "except ValueError as e:\n"
+            "    print('ValueError', e.code, e)\n"
+        )
+        env = dict(os.environ)
+        env.update(BATON_JOB="launcher-rank", BATON_NODES="1", BATON_MIN_NODES="1",
+                   LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", RANK="3", WORLD_SIZE="1")
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert "ValueError FAILED_PRECONDITION" in out.stdout, (out.stdout, out.stderr)
+        assert "set RANK=3 but the job assigned 0" in out.stdout, out.stdout
+    barrier("launcher-rank.after")
+
+
 if __name__ == "__main__":
     sys.exit(run_tests(globals()))

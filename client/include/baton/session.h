@@ -99,6 +99,13 @@ class Session {
   // job assigns.
   static absl::StatusOr<std::unique_ptr<Session>> Init();
 
+  // RANK and WORLD_SIZE, when a launcher set them (torchrun, batonrun),
+  // against what the job assigned: FAILED_PRECONDITION naming the variable
+  // when they differ, INVALID_ARGUMENT when one is not an integer; the
+  // session is then shut down. Init() checks it; a caller of
+  // Init(ClientOptions) with options from the environment should too.
+  absl::Status CheckLauncherEnvironment();
+
   // Shuts down with a short drain (Shutdown(std::chrono::seconds(10))) if
   // Shutdown was not called.
   ~Session();
