@@ -12,6 +12,7 @@
 #include "common/grpc_util.h"
 #include "common/log_context.h"
 #include "common/shm.h"
+#include "common/tls.h"
 #include "common/validation.h"
 #include "glog/logging.h"
 
@@ -85,8 +86,8 @@ absl::Status Agent::Start() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(config_.reconnect_max_backoff.count()));
-  channel_ = grpc::CreateCustomChannel(
-      config_.coordinator, grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(config_.coordinator,
+                                       ChannelCredentials(config_.tls), args);
   CoordinatorClient::Callbacks callbacks;
   callbacks.on_session = [this](bool restarted) {
     for (auto& job : Jobs()) job->OnCoordinatorSession(restarted);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "agent/scheduler/operation.h"
+#include "common/tls.h"
 
 namespace baton::agent {
 
@@ -12,6 +13,8 @@ namespace baton::agent {
 // docs/operations.md). Constant after start.
 struct AgentConfig {
   std::string coordinator;  // host:port
+  // Mutual TLS with the coordinator (--tls_*); off: plaintext.
+  TlsFiles tls;
   std::string node_name;
   std::string socket_path;
   // Address peers reach this node's data plane on (its sockets bind here).

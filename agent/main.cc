@@ -2,12 +2,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "agent/agent.h"
 #ifdef BATON_HAVE_NCCL
 #include "agent/transport/nccl/cuda_device_memory.h"
@@ -17,6 +19,7 @@
 #endif
 #include "common/init.h"
 #include "common/metrics.h"
+#include "common/tls_flags.h"
 #include "common/validation.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -97,6 +100,29 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
   if (absl::Status s = ValidateIdentifier("--node", config.node_name);
       !s.ok()) {
     return s;
+  }
+  if (absl::Status s =
+          CheckTransportSecurity({{"--coordinator", FLAGS_coordinator},
+                                  {"--data_host", FLAGS_data_host}});
+      !s.ok()) {
+    return s;
+  }
+  config.tls = TlsFilesFromFlags();
+  if (config.tls.enabled()) {
+    // The coordinator accepts this node's name only from a certificate
+    // that carries it: say so now rather than after every reconnect.
+    absl::StatusOr<std::vector<std::string>> names =
+        CertificateDnsNames(config.tls.cert);
+    if (!names.ok()) return names.status();
+    if (std::find(names->begin(), names->end(), config.node_name) ==
+        names->end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls_cert ", config.tls.cert, " does not name this node \"",
+          config.node_name, "\" (its DNS names: ",
+          names->empty() ? "none" : absl::StrJoin(*names, ", "),
+          "): give each agent its own node's certificate, or --node one of "
+          "its names"));
+    }
   }
   if (FLAGS_socket.empty() || FLAGS_socket.size() > 100) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -2,17 +2,22 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/grpc_util.h"
 
 namespace baton {
 
-StatusClient::StatusClient(std::string address, absl::Duration timeout)
+StatusClient::StatusClient(
+    std::string address, absl::Duration timeout,
+    std::shared_ptr<grpc::ChannelCredentials> credentials)
     : address_(std::move(address)),
       timeout_(timeout),
-      stub_(v1::Status::NewStub(
-          grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))) {}
+      stub_(v1::Status::NewStub(grpc::CreateChannel(
+          address_, credentials != nullptr
+                        ? std::move(credentials)
+                        : grpc::InsecureChannelCredentials()))) {}
 
 template <typename Request, typename Response, typename Rpc>
 absl::StatusOr<Response> StatusClient::Call(const char* method,
@@ -69,13 +74,22 @@ absl::Status DescribeRpcError(const std::string& address, const char* method,
               ? absl::StrCat("UNAVAILABLE: ", message)
               : absl::StrCat("no answer within ", absl::FormatDuration(timeout),
                              ", --timeout_ms");
+      // A TLS handshake refused either way (plaintext to a TLS coordinator,
+      // a certificate it does not trust) reads "Socket closed" here.
+      const bool handshake = absl::StrContains(message, "Socket closed") ||
+                             absl::StrContains(message, "Handshake") ||
+                             absl::StrContains(message, "handshake");
       return absl::Status(
           error.code(),
-          absl::StrCat("cannot reach the coordinator at ", address, " (",
-                       method, ": ", why,
-                       "): check that baton-coordinator runs there and that "
-                       "--coordinator or BATON_COORDINATOR names its "
-                       "address"));
+          absl::StrCat(
+              "cannot reach the coordinator at ", address, " (", method, ": ",
+              why,
+              "): check that baton-coordinator runs there and that "
+              "--coordinator or BATON_COORDINATOR names its address",
+              handshake
+                  ? "; if it runs with TLS, give --tls_cert, --tls_key and "
+                    "--tls_ca (a certificate its CA signed, and that CA)"
+                  : ""));
     }
     case absl::StatusCode::kNotFound:
       return absl::Status(

@@ -1,5 +1,6 @@
 #include "coordinator/coordinator.h"
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -35,13 +36,15 @@ Coordinator::Coordinator(const CoordinatorOptions& options, Clock* clock)
       jobs_(options, clock, &sessions_, this) {}
 
 void Coordinator::OnSessionOpened(SessionId id,
-                                  std::shared_ptr<AgentChannel> channel) {
+                                  std::shared_ptr<AgentChannel> channel,
+                                  PeerIdentity identity) {
   if (shutting_down_) {
     channel->Close(absl::UnavailableError(
         "the coordinator is shutting down: reconnect to its replacement"));
     return;
   }
-  sessions_.Open(id, std::move(channel), clock_->Now());
+  sessions_.Open(id, std::move(channel), clock_->Now()).identity =
+      std::move(identity);
 }
 
 void Coordinator::OnAgentMessage(SessionId id,
@@ -118,6 +121,20 @@ void Coordinator::HandleHello(SessionId id, uint64_t seq,
       ValidateIdentifier("Hello.node_name", hello.node_name());
   if (status.ok()) {
     status = ValidateIdentifier("Hello.agent_instance", hello.agent_instance());
+  }
+  const PeerIdentity& identity = session->identity;
+  if (status.ok() && identity.verified &&
+      std::find(identity.dns_names.begin(), identity.dns_names.end(),
+                hello.node_name()) == identity.dns_names.end()) {
+    // A node cannot speak for another: its certificate names who it is.
+    status = absl::PermissionDeniedError(absl::StrCat(
+        "this session's certificate names ",
+        identity.dns_names.empty() ? std::string("no node (no DNS name)")
+                                   : absl::StrJoin(identity.dns_names, ", "),
+        ", not \"", hello.node_name(),
+        "\" (Hello.node_name): give each agent its own node's certificate "
+        "(--tls_cert)"));
+    LOG(WARNING) << "session " << id << " refused: " << status.message();
   }
   if (!status.ok()) {
     ReplyError(id, seq, status);

@@ -37,7 +37,10 @@ class Coordinator : private JobListener {
   Coordinator& operator=(const Coordinator&) = delete;
 
   // Agent sessions. `id` is chosen by the caller and unique per process.
-  void OnSessionOpened(SessionId id, std::shared_ptr<AgentChannel> channel);
+  // `identity`: what the transport verified about the agent (nothing
+  // without TLS); its hello must name a node the identity carries.
+  void OnSessionOpened(SessionId id, std::shared_ptr<AgentChannel> channel,
+                       PeerIdentity identity = {});
   void OnAgentMessage(SessionId id, const v1::AgentMessage& message);
   // Idempotent; `why` says how the stream ended.
   void OnSessionClosed(SessionId id, const std::string& why);

@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/init.h"
 #include "common/metrics.h"
+#include "common/tls_flags.h"
 #include "common/validation.h"
 #include "coordinator/coordinator_options.h"
 #include "coordinator/grpc/coordinator_server.h"
@@ -134,6 +135,11 @@ absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {
       !status.ok()) {
     return status;
   }
+  if (absl::Status status =
+          CheckTransportSecurity({{"--listen", FLAGS_listen}});
+      !status.ok()) {
+    return status;
+  }
 
   CoordinatorOptions options;
   options.heartbeat_interval = absl::Milliseconds(FLAGS_heartbeat_interval_ms);
@@ -167,7 +173,7 @@ int Main(int argc, char** argv) {
 
   CoordinatorServer server(*options, Clock::Real());
   absl::StatusOr<int> port =
-      server.Start(FLAGS_listen, FLAGS_max_message_bytes);
+      server.Start(FLAGS_listen, FLAGS_max_message_bytes, TlsFilesFromFlags());
   if (!port.ok()) {
     std::fprintf(stderr, "baton-coordinator: %s\n",
                  std::string(port.status().message()).c_str());

@@ -15,9 +15,20 @@
 namespace baton::coordinator {
 
 // One agent's stream to the coordinator.
+// Who a session's transport says the agent is. With mutual TLS: the DNS
+// names of the client certificate it verified, one of which must be the
+// node name the agent says hello with. Plain data, so that the managers
+// never see gRPC types.
+struct PeerIdentity {
+  // A verified client certificate came with the session (TLS is on).
+  bool verified = false;
+  std::vector<std::string> dns_names;
+};
+
 struct Session {
   SessionId id;
   std::shared_ptr<AgentChannel> channel;
+  PeerIdentity identity;
   // Empty until the agent's Hello.
   std::string node_name;
   std::string agent_instance;

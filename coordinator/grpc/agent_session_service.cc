@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_util.h"
 #include "common/ids.h"
+#include "common/tls.h"
 #include "coordinator/agent_channel.h"
 
 namespace baton::coordinator {
@@ -151,15 +152,15 @@ class StreamChannel final : public AgentChannel {
 // they never block. Deletes itself in OnDone.
 class AgentSessionService::Reactor final : public SessionStream {
  public:
-  Reactor(AgentSessionService* service, SessionId id)
+  Reactor(AgentSessionService* service, SessionId id, PeerIdentity identity)
       : service_(service),
         id_(id),
         channel_(std::make_shared<StreamChannel>(this)) {
     std::shared_ptr<AgentChannel> channel = channel_;
-    service_->loop_->Post(
-        [coordinator = service_->coordinator_, id = id_, channel]() {
-          coordinator->OnSessionOpened(id, channel);
-        });
+    service_->loop_->Post([coordinator = service_->coordinator_, id = id_,
+                           channel, identity = std::move(identity)]() mutable {
+      coordinator->OnSessionOpened(id, channel, std::move(identity));
+    });
     StartRead(&inbound_);
   }
 
@@ -230,9 +231,15 @@ AgentSessionService::AgentSessionService(ControlLoop* loop,
     : loop_(loop), coordinator_(coordinator) {}
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
-AgentSessionService::AgentSession(grpc::CallbackServerContext* /*context*/) {
+AgentSessionService::AgentSession(grpc::CallbackServerContext* context) {
   const SessionId id(next_session_id_.fetch_add(1, std::memory_order_relaxed));
-  return new Reactor(this, id);
+  PeerIdentity identity;
+  if (const std::shared_ptr<const grpc::AuthContext> auth =
+          context->auth_context()) {
+    identity.verified = auth->IsPeerAuthenticated();
+    identity.dns_names = PeerDnsNames(*auth);
+  }
+  return new Reactor(this, id, std::move(identity));
 }
 
 }  // namespace baton::coordinator

@@ -24,7 +24,8 @@ CoordinatorServer::CoordinatorServer(const CoordinatorOptions& options,
 CoordinatorServer::~CoordinatorServer() { Shutdown(absl::ZeroDuration()); }
 
 absl::StatusOr<int> CoordinatorServer::Start(const std::string& listen_address,
-                                             int max_message_bytes) {
+                                             int max_message_bytes,
+                                             const TlsFiles& tls) {
   CHECK(server_ == nullptr) << "CoordinatorServer::Start called twice";
   EnableStandardServices();
   grpc::ServerBuilder builder;
@@ -33,7 +34,9 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& listen_address,
   // the same port and share its connections; a used port must be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
-  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(listen_address,
+                           tls.enabled() ? TlsServerCredentials(tls)
+                                         : grpc::InsecureServerCredentials(),
                            &port);
   builder.RegisterService(&agent_sessions_);
   builder.RegisterService(&rendezvous_);

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/metrics.h"
+#include "common/tls.h"
 #include "coordinator/control_loop.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_options.h"
@@ -36,8 +37,11 @@ class CoordinatorServer {
 
   // Binds `listen_address` ("host:port"; port 0 picks a free port), starts
   // serving and starts the control loop. Returns the bound port. Call once.
+  // With `tls` enabled every connection is mutual TLS: a client certificate
+  // signed by tls.ca is required (CheckTlsFiles first: gRPC starts even
+  // with files it cannot use).
   absl::StatusOr<int> Start(const std::string& listen_address,
-                            int max_message_bytes);
+                            int max_message_bytes, const TlsFiles& tls = {});
 
   // Serves the coordinator's Prometheus metrics on `listen_address`
   // ("host:port"; port 0 picks a free port) until Shutdown. Call after

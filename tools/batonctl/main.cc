@@ -30,6 +30,7 @@
 #include "baton/status_client.h"
 #include "baton/status_format.h"
 #include "common/init.h"
+#include "common/tls_flags.h"
 #include "gflags/gflags.h"
 #include "tools/batonctl/timeline.h"
 #include "tools/batonctl/timeline_svg.h"
@@ -251,7 +252,12 @@ int Run(const std::vector<std::string>& words) {
   sigemptyset(&signals);
   if (command == "watch") signals = BlockShutdownSignals();
 
-  StatusClient client(FLAGS_coordinator, absl::Milliseconds(FLAGS_timeout_ms));
+  const TlsFiles tls = TlsFilesFromFlags();
+  if (absl::Status checked = CheckTlsFiles(tls); !checked.ok()) {
+    return UsageError(std::string(checked.message()));
+  }
+  StatusClient client(FLAGS_coordinator, absl::Milliseconds(FLAGS_timeout_ms),
+                      ChannelCredentials(tls));
   const Output output = FLAGS_json ? Output::kJson : Output::kText;
   const absl::Time now = absl::Now();
   absl::StatusOr<std::string> text;

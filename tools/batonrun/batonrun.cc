@@ -63,6 +63,7 @@
 #include "absl/time/time.h"
 #include "baton/status_client.h"
 #include "common/init.h"
+#include "common/tls_flags.h"
 #include "gflags/gflags.h"
 #include "tools/batonrun/child.h"
 #include "tools/batonrun/console.h"
@@ -448,6 +449,19 @@ int main(int argc, char** argv) {
                  "--coordinator=%s starts only this node's trainers: leave "
                  "restarting the node to what runs it (e.g. Kubernetes)\n",
                  FLAGS_restarts, FLAGS_coordinator.c_str());
+    return 2;
+  }
+  if (FLAGS_coordinator.empty()) {
+    // The embedded cluster is plaintext on loopback: TLS settings meant for
+    // a real cluster must not reach its coordinator and agents.
+    for (const char* name : {"BATON_TLS_CERT", "BATON_TLS_KEY", "BATON_TLS_CA",
+                             "BATON_TLS_REFRESH_S", "BATON_INSECURE"}) {
+      unsetenv(name);
+    }
+  } else if (absl::Status tls =
+                 baton::CheckTlsFiles(baton::TlsFilesFromFlags());
+             !tls.ok()) {
+    std::fprintf(stderr, "batonrun: %s\n", std::string(tls.message()).c_str());
     return 2;
   }
   // Signals go to a thread that records them; the main loop forwards.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/tls_flags.h"
 #include "tools/batonrun/console.h"
 
 namespace baton::batonrun {
@@ -302,8 +303,11 @@ void NodeSupervisor::StopNode(Node& node) {
 
 StatusClient& NodeSupervisor::Coordinator() {
   if (status_ == nullptr) {
-    status_ =
-        std::make_unique<StatusClient>(options_.coordinator, absl::Seconds(2));
+    // A cluster of the user's speaks TLS when the --tls_* flags say so; the
+    // embedded one is plaintext on loopback.
+    status_ = std::make_unique<StatusClient>(
+        options_.coordinator, absl::Seconds(2),
+        options_.embedded ? nullptr : ChannelCredentials(TlsFilesFromFlags()));
   }
   return *status_;
 }

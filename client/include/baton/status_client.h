@@ -19,7 +19,10 @@ namespace baton {
 // Not thread-safe: one call at a time.
 class StatusClient {
  public:
-  StatusClient(std::string address, absl::Duration timeout);
+  // `credentials`: how to reach the coordinator (mutual TLS: see
+  // ChannelCredentials in common/tls.h); null for plaintext.
+  StatusClient(std::string address, absl::Duration timeout,
+               std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   absl::StatusOr<v1::ListJobsResponse> ListJobs();
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job);

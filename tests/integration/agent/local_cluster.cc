@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -63,8 +64,10 @@ absl::Status LocalCluster::Start(
     options.argv = {AgentBinary(), "--coordinator=" + coordinator_.address(),
                     "--node=" + node_name(node), "--socket=" + socket(node),
                     "--launch_trace_dir=" + dir_};
-    options.argv.insert(options.argv.end(), agent_flags.begin(),
-                        agent_flags.end());
+    for (const std::string& flag : agent_flags) {
+      options.argv.push_back(
+          absl::StrReplaceAll(flag, {{"{node}", node_name(node)}}));
+    }
     options.ready_prefix = "baton-agent ";
     options.stderr_path = absl::StrCat(dir_, "/agent", node, ".log");
     auto agent = std::make_unique<ChildProcess>();

@@ -25,7 +25,8 @@ class LocalCluster {
   ~LocalCluster();
 
   // Starts the coordinator with `coordinator_flags`, then one agent per
-  // entry of `nodes` (named n1, n2, ...) with `agent_flags`.
+  // entry of `nodes` (named n1, n2, ...) with `agent_flags`, where "{node}"
+  // stands for the agent's node name.
   absl::Status Start(int nodes,
                      const std::vector<std::string>& coordinator_flags = {},
                      const std::vector<std::string>& agent_flags = {});

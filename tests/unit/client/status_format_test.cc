@@ -382,6 +382,14 @@ TEST(BatonctlFormatTest, UnreachableCoordinatorIsOneLineNamingTheAddress) {
                        grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, ""))
           .message(),
       HasSubstr("(ListJobs: no answer within 5s, --timeout_ms)"));
+  // A refused TLS handshake (or plaintext to a TLS coordinator) says so.
+  EXPECT_THAT(std::string(DescribeRpcError(
+                              "h:1", "ListJobs", "", absl::Seconds(5),
+                              grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                           "ipv4:127.0.0.1:1: Socket closed"))
+                              .message()),
+              HasSubstr("if it runs with TLS, give --tls_cert, --tls_key and "
+                        "--tls_ca"));
 }
 
 TEST(BatonctlFormatTest, UnknownJobSaysHowToListTheJobs) {

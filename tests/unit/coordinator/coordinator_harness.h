@@ -70,12 +70,14 @@ class CoordinatorTest : public ::testing::Test {
     coordinator_ = std::make_unique<Coordinator>(options_, &clock_);
   }
 
-  Agent Connect(const std::string& node, const std::string& instance = "") {
+  // `identity`: what the transport verified (mutual TLS); none by default.
+  Agent Connect(const std::string& node, const std::string& instance = "",
+                PeerIdentity identity = {}) {
     Agent agent;
     agent.node = node;
     agent.id = SessionId(next_session_++);
     agent.channel = std::make_shared<RecordingChannel>();
-    coordinator_->OnSessionOpened(agent.id, agent.channel);
+    coordinator_->OnSessionOpened(agent.id, agent.channel, std::move(identity));
     v1::AgentMessage hello;
     hello.mutable_hello()->set_node_name(node);
     hello.mutable_hello()->set_agent_instance(instance.empty() ? "i-" + node

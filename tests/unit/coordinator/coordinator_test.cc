@@ -52,6 +52,39 @@ TEST_F(CoordinatorTest, BadHelloClosesTheSessionNamingTheField) {
   EXPECT_THAT(a.LastError().message(), HasSubstr("Hello.node_name"));
 }
 
+// With mutual TLS the certificate says who the agent is: a hello naming
+// another node is refused (PERMISSION_DENIED naming both) and its session
+// closed; the node the certificate names is accepted, and a refused
+// session disturbs nobody else.
+TEST_F(CoordinatorTest, HelloMustNameANodeOfTheCertificate) {
+  const PeerIdentity n1{/*verified=*/true, {"n1"}};
+  Agent genuine = Connect("n1", "", n1);
+  EXPECT_FALSE(genuine.channel->closed);
+  EXPECT_THAT(genuine.Received(v1::CoordinatorMessage::kSessionAccepted),
+              SizeIs(1));
+  Join(genuine, "job", 1, 2);
+
+  Agent impostor = Connect("n2", "", n1);
+  ASSERT_TRUE(impostor.channel->closed);
+  EXPECT_EQ(impostor.LastError().code(),
+            static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(impostor.LastError().message(),
+              HasSubstr("this session's certificate names n1, not \"n2\""));
+  EXPECT_THAT(impostor.Received(v1::CoordinatorMessage::kSessionAccepted),
+              IsEmpty());
+
+  Agent nameless = Connect("n2", "", PeerIdentity{true, {}});
+  ASSERT_TRUE(nameless.channel->closed);
+  EXPECT_THAT(nameless.LastError().message(), HasSubstr("no node"));
+
+  // The genuine n2 joins, and the job forms with both.
+  Agent n2 = Connect("n2", "", PeerIdentity{true, {"n2", "n2.example"}});
+  EXPECT_FALSE(n2.channel->closed);
+  Join(n2, "job", 1, 2);
+  EXPECT_THAT(genuine.Received(v1::CoordinatorMessage::kMembership), SizeIs(1));
+  EXPECT_FALSE(genuine.channel->closed);
+}
+
 TEST_F(CoordinatorTest, SealsWithHeterogeneousTrainerCounts) {
   Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
   Join(a, "job", 2, 3);
