@@ -21,8 +21,8 @@ class TlsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(absl::StrCat(::testing::TempDir(), "/tls_test"));
-    const std::string command = absl::StrCat(
-        BATON_MAKE_TEST_CERTS, " ", *dir_, " n1 n2 >/dev/null 2>&1");
+    const std::string command = absl::StrCat(BATON_MAKE_TEST_CERTS, " ", *dir_,
+                                             " n1 n2 >/dev/null 2>&1");
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
   }
   static void TearDownTestSuite() { delete dir_; }
