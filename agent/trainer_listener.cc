@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/thread_name.h"
 #include "glog/logging.h"
 
@@ -53,24 +54,46 @@ absl::StatusOr<std::unique_ptr<TrainerListener>> TrainerListener::Start(
     unlink(path.c_str());
     return status;
   };
+  const mode_t mode = admission.group.has_value() ? 0660 : 0600;
+  // On the socket before bind(): the file is created with at most these
+  // bits, so it is never open to others, whatever the umask.
+  if (fchmod(fd, mode) != 0) {
+    const std::string why = absl::StrCat("fchmod: ", ErrnoText());
+    close(fd);
+    return cannot_serve(why);
+  }
   if (bind(fd, reinterpret_cast<const struct sockaddr*>(&address),
            sizeof(address)) != 0) {
     const std::string why = absl::StrCat("bind: ", ErrnoText());
     close(fd);
     return cannot_serve(why);
   }
-  // Before listen(): until then a connect is refused, so nobody but the
-  // admitted users can ever reach the socket, whatever the umask was.
+  // All before listen(): until then a connect is refused.
   if (admission.group.has_value() &&
-      chown(path.c_str(), static_cast<uid_t>(-1), *admission.group) != 0) {
+      lchown(path.c_str(), static_cast<uid_t>(-1), *admission.group) != 0) {
     return fail(absl::FailedPreconditionError(absl::StrCat(
         "cannot give the trainer socket ", path, " to group ",
         GroupText(*admission.group), " (--trainer_group): ", ErrnoText(),
         ": run the agent as root or as a member of that group")));
   }
-  const mode_t mode = admission.group.has_value() ? 0660 : 0600;
+  // The umask may have taken the group's bits away.
   if (chmod(path.c_str(), mode) != 0) {
     return fail(cannot_serve(absl::StrCat("chmod: ", ErrnoText())));
+  }
+  // What was set must be this socket's file, not one that replaced it (in
+  // a directory others can write to), nor one on a file system that
+  // ignores modes.
+  struct stat st = {};
+  if (lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode) ||
+      st.st_uid != geteuid() || (st.st_mode & 07777) != mode ||
+      (admission.group.has_value() && st.st_gid != *admission.group)) {
+    close(fd);
+    return absl::UnavailableError(absl::StrFormat(
+        "the trainer socket %s is not the socket the agent just created "
+        "with mode %04o (found mode %06o, uid %d, gid %d): give it a "
+        "directory that only the agent can write to, on a file system that "
+        "keeps modes (--socket)",
+        path, mode, st.st_mode, st.st_uid, st.st_gid));
   }
   if (listen(fd, SOMAXCONN) != 0) {
     return fail(cannot_serve(absl::StrCat("listen: ", ErrnoText())));
