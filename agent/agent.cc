@@ -1,7 +1,5 @@
 #include "agent/agent.h"
 
-#include <unistd.h>
-
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +13,7 @@
 #include "common/tls.h"
 #include "common/validation.h"
 #include "glog/logging.h"
+#include "grpcpp/server_posix.h"
 
 namespace baton::agent {
 namespace {
@@ -104,19 +103,25 @@ absl::Status Agent::Start() {
         return FindOrCreateJob(job, local_rank);
       });
   EnableStandardServices();
+  // No listening port: the TrainerListener owns the socket, checks who
+  // connects and hands the admitted connections to the server.
   grpc::ServerBuilder builder;
   ApplyServerDefaults(builder, 16 << 20);
-  // A stale socket file from a killed agent would make the bind fail.
-  unlink(config_.socket_path.c_str());
-  builder.AddListeningPort("unix:" + config_.socket_path,
-                           grpc::InsecureServerCredentials());
   builder.RegisterService(trainer_service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve trainers on unix socket ", config_.socket_path,
-        ": check that its directory exists and is writable (--socket)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot start the gRPC server for the trainers on ",
+                     config_.socket_path));
   }
+  grpc::Server* server = server_.get();
+  absl::StatusOr<std::unique_ptr<TrainerListener>> listener =
+      TrainerListener::Start(
+          config_.socket_path,
+          TrainerAdmission::ForThisProcess(config_.trainer_group),
+          [server](int fd) { grpc::AddInsecureChannelFromFd(server, fd); });
+  if (!listener.ok()) return listener.status();
+  trainer_listener_ = *std::move(listener);
   coordinator_->Start();
   return absl::OkStatus();
 }
@@ -278,10 +283,12 @@ void Agent::Shutdown() {
   // handler still sending to a coordinator that stopped reading (it died)
   // is released by the cancel instead of holding the server's shutdown.
   if (coordinator_) coordinator_->Stop();
+  // No connection is handed to the server once it shuts down; this also
+  // removes the socket file.
+  if (trainer_listener_) trainer_listener_->Stop();
   if (server_) {
     server_->Shutdown(absl::ToChronoTime(clock_->Now() + absl::Seconds(2)));
   }
-  unlink(config_.socket_path.c_str());
 }
 
 }  // namespace baton::agent

@@ -12,6 +12,7 @@
 #include "agent/agent_job.h"
 #include "agent/agent_metrics.h"
 #include "agent/coordinator_client.h"
+#include "agent/trainer_listener.h"
 #include "agent/trainer_service.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
@@ -33,8 +34,9 @@ class Agent {
   ~Agent();
 
   // Removes orphaned shared memory, connects to the coordinator and starts
-  // serving the socket. FAILED_PRECONDITION / UNAVAILABLE when the socket
-  // cannot be bound.
+  // serving the socket (owner-only, or for the trainer group: see
+  // TrainerListener). FAILED_PRECONDITION / UNAVAILABLE when the socket
+  // cannot be bound or given to the trainer group.
   absl::Status Start();
   // Ends every job (trainers see CANCELLED), closes the socket and the
   // session.
@@ -72,6 +74,8 @@ class Agent {
   std::unique_ptr<CoordinatorClient> coordinator_;
   std::unique_ptr<TrainerService> trainer_service_;
   std::unique_ptr<grpc::Server> server_;
+  // After server_: destroyed (stopped) before it.
+  std::unique_ptr<TrainerListener> trainer_listener_;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<AgentJob>> jobs_

@@ -1,7 +1,10 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "agent/scheduler/operation.h"
@@ -17,6 +20,10 @@ struct AgentConfig {
   TlsFiles tls;
   std::string node_name;
   std::string socket_path;
+  // --trainer_group: besides the agent's own uid, processes in this group
+  // may attach; the socket and shared memory are 0660 and owned by it.
+  // None: both are 0600 and only the agent's uid attaches.
+  std::optional<gid_t> trainer_group;
   // Address peers reach this node's data plane on (its sockets bind here).
   std::string data_host = "127.0.0.1";
   // The host tensors' data plane between agents: baton's TCP rings, or

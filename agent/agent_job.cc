@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -26,8 +27,9 @@ std::string NewShmPrefix(const AgentConfig& config, const std::string& job) {
 
 // The job's doorbell in shared memory; empty when it cannot be created.
 SharedMemory CreateDoorbellMemory(const std::string& shm_prefix,
+                                  std::optional<gid_t> group,
                                   const std::string& log_prefix) {
-  auto doorbell = SharedMemory::Create(shm_prefix + "bell", 4096);
+  auto doorbell = SharedMemory::Create(shm_prefix + "bell", 4096, group);
   if (doorbell.ok()) return std::move(*doorbell);
   LOG(WARNING) << log_prefix << "no shared-memory fast path ("
                << doorbell.status().message()
@@ -43,8 +45,9 @@ AgentJob::AgentJob(std::string name, Environment env)
       config_(*env_.config),
       clock_(*env_.clock),
       shm_prefix_(NewShmPrefix(config_, name_)),
-      doorbell_memory_(CreateDoorbellMemory(
-          shm_prefix_, LogPrefix({name_, 0, config_.node_name}))),
+      doorbell_memory_(
+          CreateDoorbellMemory(shm_prefix_, config_.trainer_group,
+                               LogPrefix({name_, 0, config_.node_name}))),
       doorbell_(doorbell_memory_.data() != nullptr
                     ? new (doorbell_memory_.data()) Doorbell()
                     : &local_doorbell_),

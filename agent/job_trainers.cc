@@ -133,7 +133,7 @@ absl::Status JobTrainers::Attach(const std::shared_ptr<TrainerSink>& sink,
   if (doorbell_ != nullptr) {
     auto channel =
         SharedMemory::Create(absl::StrCat(shm_prefix_, "ch", r.local_rank()),
-                             sizeof(TrainerChannel));
+                             sizeof(TrainerChannel), config_.trainer_group);
     if (channel.ok()) {
       trainer.mapping = std::make_shared<ChannelMapping>();
       trainer.mapping->memory = std::move(*channel);
@@ -218,8 +218,9 @@ bool JobTrainers::Declare(int32_t rank, uint64_t seq,
             ": declare a name anew as its next version (", latest + 1, ")"));
       }
       if (status.ok()) {
-        auto tensor = LocalTensor::Create(absl::StrCat(shm_prefix_, index),
-                                          spec, params_.local_size());
+        auto tensor =
+            LocalTensor::Create(absl::StrCat(shm_prefix_, index), spec,
+                                params_.local_size(), config_.trainer_group);
         if (tensor.ok()) {
           created.push_back(std::move(*tensor));
         } else {

@@ -32,8 +32,8 @@ std::string DescribeDifference(const v1::TensorSpec& a,
 }
 
 absl::StatusOr<std::unique_ptr<LocalTensor>> LocalTensor::Create(
-    const std::string& shm_name, const v1::TensorSpec& spec,
-    int32_t local_size) {
+    const std::string& shm_name, const v1::TensorSpec& spec, int32_t local_size,
+    std::optional<gid_t> group) {
   auto tensor = std::make_unique<LocalTensor>();
   tensor->spec = spec;
   tensor->size_bytes = TensorSizeBytes(spec);
@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<LocalTensor>> LocalTensor::Create(
   // aborted generation a collective stuck in the old data plane may still
   // write the output while the trainer already writes its next input.
   const int32_t regions = local_size + 1;
-  auto memory = SharedMemory::Create(shm_name, region * regions);
+  auto memory = SharedMemory::Create(shm_name, region * regions, group);
   if (!memory.ok()) return memory.status();
   tensor->memory = std::move(*memory);
   for (int32_t r = 0; r < local_size; ++r) {

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,10 +47,10 @@ struct LocalTensor {
   bool on_device() const { return spec.memory() == v1::MEMORY_KIND_CUDA; }
 
   // Creates the shared memory for `local_size` trainers (none for a CUDA
-  // tensor).
+  // tensor), shared with `group` when given (SharedMemory::Create).
   static absl::StatusOr<std::unique_ptr<LocalTensor>> Create(
       const std::string& shm_name, const v1::TensorSpec& spec,
-      int32_t local_size);
+      int32_t local_size, std::optional<gid_t> group = std::nullopt);
 };
 
 // "" when equal; otherwise which field differs and both values, e.g.

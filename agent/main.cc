@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agent/agent.h"
+#include "agent/trainer_admission.h"
 #ifdef BATON_HAVE_NCCL
 #include "agent/transport/nccl/cuda_device_memory.h"
 #include "agent/transport/nccl/cuda_nccl_api.h"
@@ -30,6 +31,12 @@ DEFINE_string(node, "",
               "This node's name, unique in every job (default: the host name)");
 DEFINE_string(socket, "/tmp/baton-agent.sock",
               "Unix socket trainers connect to (BATON_AGENT_SOCKET)");
+DEFINE_string(trainer_group, "",
+              "Group (name or gid) whose processes may attach besides the "
+              "agent's own uid: the socket and shared memory become 0660 "
+              "and owned by it; the agent must be root or a member. Empty: "
+              "both are 0600 and only trainers running as the agent's uid "
+              "attach");
 DEFINE_string(data_host, "127.0.0.1",
               "Address peers reach this node's data plane on (its sockets "
               "bind here); the node's IP on a cluster");
@@ -130,6 +137,12 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
         "\" must be a path of 1..100 characters (unix socket limit)"));
   }
   config.socket_path = FLAGS_socket;
+  if (!FLAGS_trainer_group.empty()) {
+    absl::StatusOr<gid_t> group =
+        agent::ResolveTrainerGroup(FLAGS_trainer_group);
+    if (!group.ok()) return group.status();
+    config.trainer_group = *group;
+  }
   if (FLAGS_data_host.empty()) {
     return absl::InvalidArgumentError(
         "--data_host is empty: give this node's IP");

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/trainer.grpc.pb.h"
 #include "client/declaration.h"
+#include "client/socket_access.h"
 #include "common/shm.h"
 #include "common/shm_channel.h"
 #include "common/thread_name.h"
@@ -301,6 +302,11 @@ class Client::Impl {
   absl::Status Start(const ClientOptions& options) {
     shm_channel_wanted_ = options.shm_channel;
     socket_ = options.socket;
+    // The agent refuses a trainer of another user by closing the
+    // connection, which gRPC reports only as "Socket closed".
+    if (absl::Status s = client::CheckSocketAccess(options.socket); !s.ok()) {
+      return s;
+    }
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(16 << 20);
     channel_ = grpc::CreateCustomChannel(

@@ -56,7 +56,8 @@ absl::Status ValidateShmName(const std::string& name) {
 }
 
 absl::StatusOr<SharedMemory> SharedMemory::Create(const std::string& name,
-                                                  size_t bytes) {
+                                                  size_t bytes,
+                                                  std::optional<gid_t> group) {
   BATON_RETURN_IF_ERROR(ValidateShmName(name));
   const size_t mapped = bytes == 0 ? 1 : bytes;
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
@@ -68,6 +69,18 @@ absl::StatusOr<SharedMemory> SharedMemory::Create(const std::string& name,
     }
     return absl::UnavailableError(absl::StrCat("creating shared memory ", name,
                                                " failed: ", ErrnoText(err)));
+  }
+  // Before anything is written into it; nobody outside the group can open
+  // it meanwhile (0600 until then).
+  if (group.has_value() && (fchown(fd, static_cast<uid_t>(-1), *group) != 0 ||
+                            fchmod(fd, 0660) != 0)) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "giving shared memory ", name, " to group ", *group,
+        " failed: ", ErrnoText(err),
+        ": the agent must run as root or as a member of --trainer_group"));
   }
   // posix_fallocate reserves the pages now, so a full /dev/shm is an error
   // here rather than a SIGBUS in whoever touches the bytes first.

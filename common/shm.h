@@ -1,7 +1,10 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -17,11 +20,14 @@ namespace baton {
 class SharedMemory {
  public:
   // Creates `name` ("/baton.<...>", see ValidateShmName) with `bytes` bytes,
-  // zero-filled, readable and writable by this user only, and maps it.
+  // zero-filled, and maps it. Readable and writable by this user only
+  // (0600), or with `group` also by that group's members (0660, owned by
+  // it; FAILED_PRECONDITION when this process may not give it to `group`).
   // ALREADY_EXISTS when the name is taken; RESOURCE_EXHAUSTED when /dev/shm
   // cannot hold it (the message says how much was asked and how to grow it).
-  static absl::StatusOr<SharedMemory> Create(const std::string& name,
-                                             size_t bytes);
+  static absl::StatusOr<SharedMemory> Create(
+      const std::string& name, size_t bytes,
+      std::optional<gid_t> group = std::nullopt);
   // Opens and maps an existing object, which must hold at least `bytes`.
   static absl::StatusOr<SharedMemory> Open(const std::string& name,
                                            size_t bytes);

@@ -1,5 +1,6 @@
 #include "common/shm.h"
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,6 +49,48 @@ TEST(SharedMemoryTest, RemoveOrphansTakesDeadAndOwnPidsAndSparesTheLiving) {
   EXPECT_TRUE(Exists(other_name)) << "not baton's";
   EXPECT_TRUE(SharedMemory::Unlink(alive_name).ok());
   EXPECT_TRUE(SharedMemory::Unlink(other_name).ok());
+}
+
+struct stat StatShm(const std::string& name) {
+  struct stat st = {};
+  EXPECT_EQ(stat(absl::StrCat("/dev/shm", name).c_str(), &st), 0) << name;
+  return st;
+}
+
+TEST(SharedMemoryTest, CreatedOwnerOnlyWhateverTheUmask) {
+  const std::string name = absl::StrCat("/baton.", getpid(), ".shm_test.mode");
+  const mode_t old_umask = umask(0);
+  auto memory = SharedMemory::Create(name, 64);
+  umask(old_umask);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  const struct stat st = StatShm(name);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_uid, geteuid());
+  EXPECT_TRUE(SharedMemory::Unlink(name).ok());
+}
+
+TEST(SharedMemoryTest, CreatedForAGroupIs0660AndOwnedByIt) {
+  const std::string name = absl::StrCat("/baton.", getpid(), ".shm_test.grp");
+  const gid_t group = getegid();
+  auto memory = SharedMemory::Create(name, 64, group);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  const struct stat st = StatShm(name);
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+  EXPECT_EQ(st.st_gid, group);
+  EXPECT_TRUE(SharedMemory::Unlink(name).ok());
+}
+
+TEST(SharedMemoryTest, AGroupThisUserCannotGiveItToIsRefusedAndNothingLeft) {
+  if (geteuid() == 0) GTEST_SKIP() << "root may give a file to any group";
+  const std::string name = absl::StrCat("/baton.", getpid(), ".shm_test.bad");
+  // Group 0 (root): this non-root user is not in it on a normal system.
+  auto memory = SharedMemory::Create(name, 64, 0);
+  ASSERT_FALSE(memory.ok());
+  EXPECT_EQ(memory.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(memory.status().message().find("--trainer_group"),
+            std::string::npos)
+      << memory.status();
+  EXPECT_FALSE(Exists(name));
 }
 
 }  // namespace
