@@ -459,6 +459,7 @@ void JobMembership::ConnectDataPlane() {
   request.count = config_.data_channels;
   request.timeout = config_.op_timeout;
   request.reuse_key = LinkKey("data");
+  request.secret = m.data_plane_secret();
   const int64_t generation = m.generation();
   connectors_.emplace_back([this, request, generation]() mutable {
     // std::function needs a copyable task: share the move-only result.
@@ -619,6 +620,7 @@ void JobMembership::MaybeConnectDevices() {
   request.store = env_.store_factory(job_, generation);
   request.count = 1;
   request.timeout = config_.op_timeout;
+  request.secret = m.data_plane_secret();
   const GpuCrossNode cross_node = config_.gpu_cross_node;
   LOG(INFO) << JobLogPrefix() << "connecting the GPU communicators of "
             << devices.size()

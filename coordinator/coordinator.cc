@@ -28,12 +28,13 @@ std::string StallText(const v1::Stall& stall) {
 
 }  // namespace
 
-Coordinator::Coordinator(const CoordinatorOptions& options, Clock* clock)
+Coordinator::Coordinator(const CoordinatorOptions& options, Clock* clock,
+                         SecretSource* secrets)
     : options_(options),
       clock_(clock),
       instance_(RandomInstance()),
       steps_(options.stall_threshold),
-      jobs_(options, clock, &sessions_, this) {}
+      jobs_(options, clock, &sessions_, this, secrets) {}
 
 void Coordinator::OnSessionOpened(SessionId id,
                                   std::shared_ptr<AgentChannel> channel,

@@ -16,6 +16,7 @@
 #include "coordinator/job_manager.h"
 #include "coordinator/reform_log.h"
 #include "coordinator/rendezvous_store.h"
+#include "coordinator/secret_source.h"
 #include "coordinator/session_manager.h"
 #include "coordinator/step_manager.h"
 #include "coordinator/tensor_plan_manager.h"
@@ -32,7 +33,10 @@ namespace baton::coordinator {
 // a FakeClock.
 class Coordinator : private JobListener {
  public:
-  Coordinator(const CoordinatorOptions& options, Clock* clock);
+  // `secrets` (which must outlive this) gives each generation's data-plane
+  // secret; tests pass a CountingSecretSource.
+  Coordinator(const CoordinatorOptions& options, Clock* clock,
+              SecretSource* secrets = CryptoSecretSource());
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 

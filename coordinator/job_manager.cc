@@ -82,11 +82,13 @@ using job_internal::StateName;
 using job_internal::ValidateLocalSize;
 using job_internal::ValidateSizing;
 JobManager::JobManager(const CoordinatorOptions& options, Clock* clock,
-                       SessionManager* sessions, JobListener* listener)
+                       SessionManager* sessions, JobListener* listener,
+                       SecretSource* secrets)
     : options_(options),
       clock_(clock),
       sessions_(sessions),
-      listener_(listener) {}
+      listener_(listener),
+      secrets_(secrets) {}
 
 JobManager::~JobManager() = default;
 
@@ -287,6 +289,8 @@ void JobManager::Seal(Job& job) {
   membership.set_generation(job.generation);
   membership.set_store_prefix(
       absl::StrCat("baton/", job.name, "/", job.generation, "/"));
+  // A new one per generation: a node that left cannot prove the next one's.
+  membership.set_data_plane_secret(secrets_->Draw(kDataPlaneSecretBytes));
   int32_t offset = 0;
   for (size_t i = 0; i < job.members.size(); ++i) {
     Member& member = job.members[i];

@@ -17,6 +17,7 @@
 #include "common/ids.h"
 #include "coordinator/coordinator_options.h"
 #include "coordinator/reform_log.h"
+#include "coordinator/secret_source.h"
 #include "coordinator/session_manager.h"
 
 namespace baton::coordinator {
@@ -57,8 +58,10 @@ class JobListener {
 // Not thread-safe: owned by the coordinator's control loop.
 class JobManager {
  public:
+  // Each seal draws the generation's data-plane secret from `secrets`.
   JobManager(const CoordinatorOptions& options, Clock* clock,
-             SessionManager* sessions, JobListener* listener);
+             SessionManager* sessions, JobListener* listener,
+             SecretSource* secrets);
   ~JobManager();
 
   // Request handlers. On error nothing changed; the caller replies with it.
@@ -186,6 +189,7 @@ class JobManager {
   Clock* const clock_;
   SessionManager* const sessions_;
   JobListener* const listener_;
+  SecretSource* const secrets_;
 
   absl::btree_map<std::string, std::unique_ptr<Job>> jobs_;
   // Generation numbers continue across a job name's reuse, so messages of an

@@ -71,6 +71,15 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
         absl::StrCat("RejoinJob.membership.world_size is ", m.world_size(),
                      " but its nodes hold ", offset, " ranks"));
   }
+  if (m.data_plane_secret().size() != kDataPlaneSecretBytes) {
+    // Never quoted: it is a secret.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RejoinJob.membership.data_plane_secret has ",
+        m.data_plane_secret().size(), " bytes; a sealed generation's has ",
+        kDataPlaneSecretBytes,
+        ": report the membership exactly as it was sealed (agent and "
+        "coordinator must run one build of baton)"));
+  }
   if (!lists_self) {
     return absl::InvalidArgumentError(
         absl::StrCat("RejoinJob.membership does not list this agent's node \"",
@@ -137,6 +146,13 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
           absl::StrCat("RejoinJob.membership of job \"", job->name, "\" has ",
                        m.nodes_size(), " nodes; the recovered generation has ",
                        job->membership.nodes_size(), ": join again"));
+    }
+    if (m.data_plane_secret() != job->membership.data_plane_secret()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "RejoinJob.membership of job \"", job->name, "\" generation ",
+          m.generation(),
+          " carries another data-plane secret than the recovered one: join "
+          "again"));
     }
     for (int i = 0; i < m.nodes_size(); ++i) {
       const v1::NodeInfo& ours = job->membership.nodes(i);

@@ -166,6 +166,9 @@ class DataPlaneAllreduce {
     request.store = std::make_shared<MemoryKeyValueStore>();
     request.timeout = timeout;
     request.prefix = "baton-gpu-bench/nccl/";
+    // One node in one process: no peer to prove it to, but the negotiation
+    // rounds require a secret all the same.
+    request.secret = "baton-gpu-bench";
     absl::StatusOr<std::vector<std::unique_ptr<DeviceCommunicator>>> device =
         nccl.ConnectDevices(request);
     if (!device.ok()) return device.status();

@@ -1,15 +1,14 @@
 #include "agent/transport/tcp_peers.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -18,12 +17,16 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "agent/transport/tcp_introduction.h"
+#include "agent/transport/tcp_socket.h"
+#include "glog/logging.h"
 
 namespace baton::agent::tcp {
 
@@ -99,155 +102,11 @@ absl::StatusOr<std::vector<std::string>> NumericAddresses(
 
 namespace {
 
-// "BRND": the first word a connecting node sends.
-constexpr uint32_t kMagic = 0x42524e44;
-// What a connecting node says first.
-struct Hello {
-  uint32_t magic;
-  int32_t rank;
-  uint64_t prefix_hash;
-  uint64_t id;  // the new link's Link::id
-};
-static_assert(sizeof(Hello) == 24);
-
 // How long a connect waits for the links the last generation's communicators
 // still hold (they let go as their threads see the abort: milliseconds).
 constexpr absl::Duration kReturnWait = absl::Seconds(2);
 // More unread bytes than socket buffers can hold: the peer's count is wrong.
 constexpr uint64_t kMaxUnread = uint64_t{256} << 20;
-
-// FNV-1a: the same on every node, unlike std::hash.
-uint64_t HashPrefix(const std::string& prefix) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const char c : prefix) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-void SetNonBlocking(int fd) {
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-void SetNoDelay(int fd) {
-  int on = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
-}
-
-// Closes the fds it holds unless released.
-class FdList {
- public:
-  ~FdList() {
-    for (int fd : fds_) ::close(fd);
-  }
-  int Add(int fd) {
-    if (fd >= 0) fds_.push_back(fd);
-    return fd;
-  }
-  void Release(int fd) {
-    fds_.erase(std::remove(fds_.begin(), fds_.end(), fd), fds_.end());
-  }
-
- private:
-  std::vector<int> fds_;
-};
-
-using AddrInfo = std::unique_ptr<struct addrinfo, void (*)(struct addrinfo*)>;
-
-// `host` and `port`, both numeric (`flags`: AI_PASSIVE to listen);
-// INVALID_ARGUMENT starting with `what` otherwise.
-absl::StatusOr<AddrInfo> Resolve(const std::string& host,
-                                 const std::string& port, int flags,
-                                 const std::string& what) {
-  struct addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | flags;
-  struct addrinfo* info = nullptr;
-  const int rv = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &info);
-  if (rv != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", ::gai_strerror(rv)));
-  }
-  return AddrInfo(info, ::freeaddrinfo);
-}
-
-// A TCP socket of `info`'s family, held by `fds`.
-absl::StatusOr<int> NewSocket(const struct addrinfo& info, FdList& fds) {
-  const int fd =
-      fds.Add(::socket(info.ai_family, info.ai_socktype | SOCK_CLOEXEC, 0));
-  if (fd < 0) return absl::UnavailableError(Errno("socket"));
-  return fd;
-}
-
-// A listening socket on `address`, port chosen by the kernel.
-absl::StatusOr<int> Listen(const std::string& address, const std::string& kind,
-                           int backlog, FdList& fds, int* port) {
-  absl::StatusOr<AddrInfo> info =
-      Resolve(address, "0", AI_PASSIVE,
-              absl::StrCat("the ", kind, " address \"", address,
-                           "\" is not a numeric IP address"));
-  if (!info.ok()) return info.status();
-  absl::StatusOr<int> fd = NewSocket(**info, fds);
-  if (!fd.ok()) return fd.status();
-  if (::bind(*fd, (*info)->ai_addr, (*info)->ai_addrlen) != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "binding the ", kind, " socket to ", address, ": ", Errno("bind")));
-  }
-  if (::listen(*fd, backlog) != 0) {
-    return absl::UnavailableError(Errno("listen"));
-  }
-  struct sockaddr_storage bound = {};
-  socklen_t length = sizeof bound;
-  ::getsockname(*fd, reinterpret_cast<sockaddr*>(&bound), &length);
-  *port = bound.ss_family == AF_INET6
-              ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-              : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  SetNonBlocking(*fd);
-  return *fd;
-}
-
-// Connects to `host` and `port` (what a peer published) by `deadline`.
-absl::StatusOr<int> ConnectTo(const std::string& host, int port,
-                              const std::string& kind, const Deadline& deadline,
-                              FdList& fds) {
-  const std::string published = absl::StrCat(host, " ", port);
-  absl::StatusOr<AddrInfo> info =
-      Resolve(host, absl::StrCat(port), 0,
-              absl::StrCat("published ", kind, " address \"", published, "\""));
-  if (!info.ok()) return info.status();
-  absl::StatusOr<int> connecting = NewSocket(**info, fds);
-  if (!connecting.ok()) return connecting.status();
-  const int fd = *connecting;
-  SetNonBlocking(fd);
-  if (::connect(fd, (*info)->ai_addr, (*info)->ai_addrlen) != 0 &&
-      errno != EINPROGRESS) {
-    return absl::UnavailableError(
-        absl::StrCat("connecting to ", published, ": ", Errno("connect")));
-  }
-  struct pollfd pfd = {fd, POLLOUT, 0};
-  while (true) {
-    const int ready = ::poll(&pfd, 1, PollMillis(deadline));
-    if (ready > 0) break;
-    if (ready == 0) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("connecting to ", published, ": timed out"));
-    }
-    if (errno != EINTR) {
-      return absl::UnavailableError(Errno("poll"));
-    }
-  }
-  int error = 0;
-  socklen_t length = sizeof error;
-  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
-  if (error != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("connecting to ", published, ": ", std::strerror(error)));
-  }
-  SetNoDelay(fd);
-  return fd;
-}
 
 // "0..3" for consecutive ranks, else "0, 2".
 std::string RankList(const std::vector<int>& ranks) {
@@ -399,24 +258,60 @@ absl::Status SkipUnread(Link& link, uint64_t peer_sent,
   return absl::OkStatus();
 }
 
+// What the accepting side of one connect checks introductions against.
+struct Acceptance {
+  int rank;
+  std::string key_prefix;
+  std::string secret;
+  const Deadline* deadline;
+  std::chrono::milliseconds timeout;
+  const std::string* what;
+};
+
+// Introductions refused in one connect for a MAC that does not verify:
+// logged once per connect, and named in its timeout error.
+struct Refusals {
+  int count = 0;
+  std::string first_from;
+  int first_rank = 0;
+
+  std::string Note() const {
+    if (count == 0) return "";
+    return absl::StrCat(" (refused ", count,
+                        " introduction(s) that did not prove this "
+                        "generation's secret, the first from ",
+                        first_from, " claiming node rank ", first_rank, ")");
+  }
+};
+
 // Accepts `count` introductions on `listener` from the ranks with
-// fresh[rank] (all higher than `rank`), into links[rank].
-absl::Status AcceptPeers(int listener, int rank, const std::vector<bool>& fresh,
-                         int count, uint64_t hash, const Deadline& deadline,
-                         std::chrono::milliseconds timeout,
-                         const std::string& what, FdList& fds,
+// fresh[rank] (all higher than this node's), into links[rank], and answers
+// each authentic one with this node's proof (ReadIntroduction,
+// EncodeIntroductionReply). Connections that are not a wanted peer's are
+// dropped; one whose MAC does not verify is dropped and logged.
+absl::Status AcceptPeers(int listener, const Acceptance& acceptance,
+                         const std::vector<bool>& fresh, int count, FdList& fds,
                          std::vector<Link>& links) {
+  const int rank = acceptance.rank;
   const int size = static_cast<int>(fresh.size());
+  const std::string& what = *acceptance.what;
   struct Pending {
     int fd;
-    Hello hello;
+    std::string from;
+    std::array<char, kIntroductionBytes> bytes;
     size_t received;
   };
   std::vector<Pending> pending;
+  Refusals refusals;
+  const auto drop = [&fds](int fd) {
+    fds.Release(fd);
+    ::close(fd);
+  };
   for (int accepted = 0; accepted < count;) {
     std::vector<struct pollfd> pfds = {{listener, POLLIN, 0}};
     for (const Pending& p : pending) pfds.push_back({p.fd, POLLIN, 0});
-    const int ready = ::poll(pfds.data(), pfds.size(), PollMillis(deadline));
+    const int ready =
+        ::poll(pfds.data(), pfds.size(), PollMillis(*acceptance.deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready < 0) {
       return absl::UnavailableError(absl::StrCat(what, ": ", Errno("poll")));
@@ -426,9 +321,10 @@ absl::Status AcceptPeers(int listener, int rank, const std::vector<bool>& fresh,
       for (int r = rank + 1; r < size; ++r) {
         if (fresh[r] && links[r].fd < 0) missing.push_back(r);
       }
-      return absl::DeadlineExceededError(absl::StrCat(
-          what, " timed out after ", timeout.count(), " ms: node rank(s) ",
-          absl::StrJoin(missing, ", "), " did not connect"));
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, " timed out after ", acceptance.timeout.count(),
+                       " ms: node rank(s) ", absl::StrJoin(missing, ", "),
+                       " did not connect", refusals.Note()));
     }
     std::vector<Pending> still;
     for (size_t i = 0; i < pending.size(); ++i) {
@@ -437,36 +333,131 @@ absl::Status AcceptPeers(int listener, int rank, const std::vector<bool>& fresh,
         still.push_back(p);
         continue;
       }
-      const ssize_t n =
-          ::recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.received,
-                 sizeof(Hello) - p.received, 0);
+      const ssize_t n = ::recv(p.fd, p.bytes.data() + p.received,
+                               p.bytes.size() - p.received, 0);
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
         still.push_back(p);
         continue;
       }
       if (n > 0) p.received += static_cast<size_t>(n);
-      if (n > 0 && p.received < sizeof(Hello)) {
+      if (n > 0 && p.received < p.bytes.size()) {
         still.push_back(p);
         continue;
       }
-      const Hello& h = p.hello;
-      if (n > 0 && h.magic == kMagic && h.prefix_hash == hash &&
-          h.rank > rank && h.rank < size && fresh[h.rank] &&
-          links[h.rank].fd < 0 && h.id != 0) {
-        SetNoDelay(p.fd);
-        links[h.rank].fd = p.fd;
-        links[h.rank].id = h.id;
-        ++accepted;
-      } else {
-        fds.Release(p.fd);
-        ::close(p.fd);
+      if (n <= 0) {
+        drop(p.fd);
+        continue;
       }
+      const ReceivedIntroduction received =
+          ReadIntroduction(std::string_view(p.bytes.data(), p.bytes.size()),
+                           acceptance.key_prefix, acceptance.secret);
+      const Introduction& h = received.introduction;
+      if (received.verdict == ReceivedIntroduction::Verdict::kBadMac) {
+        if (refusals.count++ == 0) {
+          refusals.first_from = p.from;
+          refusals.first_rank = h.rank;
+          LOG(WARNING) << what << ": refused a connection from " << p.from
+                       << " claiming to be node rank " << h.rank
+                       << ": its introduction did not prove this "
+                          "generation's secret (a peer of another generation, "
+                          "or not a member of this job)";
+        }
+        drop(p.fd);
+        continue;
+      }
+      if (received.verdict != ReceivedIntroduction::Verdict::kAuthentic ||
+          h.rank <= rank || h.rank >= size || !fresh[h.rank] ||
+          links[h.rank].fd >= 0 || h.link_id == 0) {
+        drop(p.fd);
+        continue;
+      }
+      absl::StatusOr<std::string> reply = EncodeIntroductionReply(
+          acceptance.key_prefix, rank, h.link_id, acceptance.secret);
+      if (!reply.ok()) {
+        return absl::Status(reply.status().code(),
+                            absl::StrCat(what, ": ", reply.status().message()));
+      }
+      if (!SendAll(p.fd, reply->data(), reply->size(), *acceptance.deadline,
+                   "answering an introduction")
+               .ok()) {
+        drop(p.fd);  // the peer is gone: it fails its own connect
+        continue;
+      }
+      SetNoDelay(p.fd);
+      links[h.rank].fd = p.fd;
+      links[h.rank].id = h.link_id;
+      ++accepted;
     }
     pending.swap(still);
     if (pfds[0].revents != 0) {
-      const int fd = fds.Add(
-          ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-      if (fd >= 0) pending.push_back({fd, Hello{}, 0});
+      struct sockaddr_storage address = {};
+      socklen_t length = sizeof address;
+      const int fd =
+          fds.Add(::accept4(listener, reinterpret_cast<sockaddr*>(&address),
+                            &length, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (fd >= 0) {
+        pending.push_back({fd, PeerAddress(address, length), {}, 0});
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A link this node made by connecting to a lower rank, whose reply it has
+// yet to read.
+struct Introduced {
+  int rank;
+  std::string published;  // "host:port", for errors
+};
+
+// Reads each lower rank's answer to this node's introduction (in rank
+// order) and checks it proves the generation's secret. Called after this
+// node's own accept phase: a peer answers as soon as it reads the
+// introduction, so waiting here right after connecting would only chain
+// each node's start behind its lower neighbour's accept phase.
+absl::Status ReadReplies(const std::vector<Introduced>& introduced,
+                         const Acceptance& acceptance,
+                         std::vector<Link>& links) {
+  const std::string& what = *acceptance.what;
+  for (const Introduced& peer : introduced) {
+    Link& link = links[peer.rank];
+    const std::string who =
+        absl::StrCat(what, ": node rank ", peer.rank, " at ", peer.published);
+    std::array<char, kIntroductionReplyBytes> reply;
+    size_t received = 0;
+    while (received < reply.size()) {
+      const ssize_t n =
+          ::recv(link.fd, reply.data() + received, reply.size() - received, 0);
+      if (n > 0) {
+        received += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+        return absl::UnavailableError(absl::StrCat(
+            who,
+            " did not prove this generation's secret: it closed the "
+            "connection instead of answering this node's introduction (it "
+            "holds another secret, or its own connect failed: see its log)"));
+      }
+      struct pollfd pfd = {link.fd, POLLIN, 0};
+      const int ready = ::poll(&pfd, 1, PollMillis(*acceptance.deadline));
+      if (ready == 0) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            who, " did not answer this node's introduction within ",
+            acceptance.timeout.count(), " ms"));
+      }
+      if (ready < 0 && errno != EINTR) {
+        return absl::UnavailableError(absl::StrCat(who, ": ", Errno("poll")));
+      }
+    }
+    if (!VerifyIntroductionReply(std::string_view(reply.data(), reply.size()),
+                                 acceptance.key_prefix, peer.rank, link.id,
+                                 acceptance.secret)) {
+      return absl::UnavailableError(absl::StrCat(
+          who,
+          " did not prove this generation's secret: its answer to this "
+          "node's introduction does not verify (it holds another secret)"));
     }
   }
   return absl::OkStatus();
@@ -486,6 +477,14 @@ absl::StatusOr<LentLinks> ConnectPeers(const ConnectRequest& request,
   if (static_cast<int>(wanted.size()) != size) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": ", wanted.size(), " peer flags for ", size, " nodes"));
+  }
+  if (request.secret.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": ConnectRequest.secret is empty: every new data-plane "
+        "connection is authenticated with the generation's secret "
+        "(Membership.data_plane_secret, drawn by the coordinator at each "
+        "seal)"));
   }
   std::vector<int> others;
   for (int r = 0; r < size; ++r) {
@@ -516,7 +515,9 @@ absl::StatusOr<LentLinks> ConnectPeers(const ConnectRequest& request,
     return absl::Status(published.code(),
                         absl::StrCat(what, ": ", published.message()));
   }
-  const uint64_t hash = HashPrefix(key_prefix);
+  const uint64_t hash = PrefixHash(key_prefix);
+  const Acceptance acceptance = {rank,      key_prefix,      request.secret,
+                                 &deadline, request.timeout, &what};
   std::vector<std::string> keys;
   for (int r : others) keys.push_back(key(r));
   auto entries =
@@ -528,6 +529,7 @@ absl::StatusOr<LentLinks> ConnectPeers(const ConnectRequest& request,
                      RankList(others), ": ", entries.status().message()));
   }
   std::vector<Link> links(size);
+  std::vector<Introduced> introduced;
   int higher = 0;  // fresh links the higher ranks make
   int kept = 0;
   for (size_t i = 0; i < others.size(); ++i) {
@@ -552,17 +554,25 @@ absl::StatusOr<LentLinks> ConnectPeers(const ConnectRequest& request,
       // Every wanted lower rank listens: connect and introduce this node.
       absl::StatusOr<int> fd =
           ConnectTo(peer->host, peer->port, set.kind, deadline, fds);
-      Hello hello = {kMagic, rank, hash, NewLinkId()};
-      absl::Status status = fd.ok() ? SendAll(*fd, &hello, sizeof hello,
-                                              deadline, "introducing this node")
-                                    : fd.status();
+      const Introduction introduction = {rank, hash, NewLinkId()};
+      absl::StatusOr<std::string> bytes =
+          EncodeIntroduction(introduction, key_prefix, request.secret);
+      absl::Status status = !fd.ok() ? fd.status()
+                            : !bytes.ok()
+                                ? bytes.status()
+                                : SendAll(*fd, bytes->data(), bytes->size(),
+                                          deadline, "introducing this node");
       if (!status.ok()) {
         return absl::Status(
             status.code(),
             absl::StrCat(what, ": node rank ", r, ": ", status.message()));
       }
       links[r].fd = *fd;
-      links[r].id = hello.id;
+      links[r].id = introduction.link_id;
+      introduced.push_back(
+          {r, peer->host.find(':') == std::string::npos
+                  ? absl::StrCat(peer->host, ":", peer->port)
+                  : absl::StrCat("[", peer->host, "]:", peer->port)});
     } else {
       ++higher;
     }
@@ -570,9 +580,10 @@ absl::StatusOr<LentLinks> ConnectPeers(const ConnectRequest& request,
   std::vector<bool> fresh(size, false);
   for (int r : others) fresh[r] = r > rank && links[r].fd < 0;
   absl::Status accepted =
-      AcceptPeers(*listener, rank, fresh, higher, hash, deadline,
-                  request.timeout, what, fds, links);
+      AcceptPeers(*listener, acceptance, fresh, higher, fds, links);
   if (!accepted.ok()) return accepted;
+  absl::Status proven = ReadReplies(introduced, acceptance, links);
+  if (!proven.ok()) return proven;
   const int made = static_cast<int>(others.size()) - kept;
   for (const Link& link : links) fds.Release(link.fd);
   if (pool != nullptr) {

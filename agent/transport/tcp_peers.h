@@ -63,10 +63,15 @@ struct PeerSet {
 // of this node) and publishes "<host> <port>" followed by "<id>:<sent>" for
 // each link it kept, under the set's key; reads every wanted peer's entry;
 // connects to each wanted lower rank it keeps no link with and introduces
-// itself (magic, its rank, a hash of the key prefix, the new link's id); and
-// accepts the same from the higher ones. Introductions are read as they
-// arrive, so a connection that says nothing holds up nobody; one that is not
-// a wanted peer of this set is dropped.
+// itself (its rank, a hash of the key prefix, the new link's id, and a MAC
+// with request.secret: tcp_introduction.h); and accepts the same from the
+// higher ones, answering each with its own proof of the secret.
+// Introductions are read as they arrive, so a connection that says nothing
+// holds up nobody; one that is not a wanted peer of this set is dropped, one
+// whose MAC does not verify is dropped and logged (once per connect). The
+// answers to this node's introductions are read after its own accept phase,
+// before it returns. Links kept from earlier generations are not introduced
+// again: they were proven when made.
 //
 // Returns one link per node rank (fd -1 for this node and the ones not
 // wanted): non-blocking, TCP_NODELAY, lent from `pool` (given back when the
@@ -74,7 +79,10 @@ struct PeerSet {
 // Transport::Connect: DEADLINE_EXCEEDED naming the node ranks that never
 // published or connected by request.timeout (measured on `clock`); the
 // store's own code (ABORTED: the generation ended); UNAVAILABLE for a
-// socket error; INVALID_ARGUMENT for a bad request, address or publication.
+// socket error or a peer that did not prove the secret ("node rank <r> at
+// <host>:<port> did not prove this generation's secret: ...");
+// INVALID_ARGUMENT for a bad request (an empty secret included), address or
+// publication.
 absl::StatusOr<LentLinks> ConnectPeers(const ConnectRequest& request,
                                        const std::string& address,
                                        const PeerSet& set,

@@ -86,6 +86,14 @@ struct ConnectRequest {
   // connect under it where both ends kept them (TcpTransport only); empty:
   // every connect makes its own.
   std::string reuse_key;
+  // The generation's data-plane secret (Membership.data_plane_secret): every
+  // new TCP connection between agents proves it, both ways, before it is
+  // used (tcp_introduction.h). Required wherever a connect makes TCP
+  // connections of baton's own (TcpTransport, and every transport's
+  // negotiation rounds): empty is INVALID_ARGUMENT there, never "no
+  // authentication". gloo's pairs and NCCL cannot use it (docs/operations.md,
+  // "What the data plane protects").
+  std::string secret;
 };
 
 // INVALID_ARGUMENT naming the field when `request` cannot be connected:

@@ -99,6 +99,8 @@ TEST_F(RendezvousClientTest, ThreeNodesConnectGlooThroughTheCoordinator) {
   const FormedJob job = FormJob(kNodes);
   ASSERT_EQ(job.membership.generation(), 1);
   ASSERT_FALSE(job.membership.store_prefix().empty());
+  // The generation's data-plane secret, drawn by the real coordinator.
+  EXPECT_EQ(job.membership.data_plane_secret().size(), size_t{32});
   std::vector<std::thread> nodes;
   for (int rank = 0; rank < kNodes; ++rank) {
     nodes.emplace_back([&, rank] {
@@ -108,6 +110,7 @@ TEST_F(RendezvousClientTest, ThreeNodesConnectGlooThroughTheCoordinator) {
       request.node_rank = rank;
       request.num_nodes = kNodes;
       request.prefix = job.membership.store_prefix();
+      request.secret = job.membership.data_plane_secret();
       request.store = Client(job.membership.generation());
       request.count = kCommunicators;
       request.timeout = milliseconds(10000);
@@ -191,6 +194,7 @@ TEST_F(RendezvousClientTest, StaleGenerationIsAborted) {
     request.node_rank = 0;
     request.num_nodes = 2;
     request.prefix = job.membership.store_prefix();
+    request.secret = job.membership.data_plane_secret();
     request.store = stale;
     request.timeout = milliseconds(20000);
     connected = (*transport)->Connect(request);

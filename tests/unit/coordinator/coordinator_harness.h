@@ -67,7 +67,7 @@ class CoordinatorTest : public ::testing::Test {
 
   // A fresh coordinator process: no state survives.
   void Restart() {
-    coordinator_ = std::make_unique<Coordinator>(options_, &clock_);
+    coordinator_ = std::make_unique<Coordinator>(options_, &clock_, &secrets_);
   }
 
   // `identity`: what the transport verified (mutual TLS); none by default.
@@ -185,6 +185,9 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  // Deterministic data-plane secrets; one source across restarts, so every
+  // seal draws a different one.
+  CountingSecretSource secrets_;
   CoordinatorOptions options_;
   std::unique_ptr<Coordinator> coordinator_;
   uint64_t next_session_ = 1;

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -21,6 +22,8 @@
 namespace baton::agent {
 
 inline constexpr std::chrono::milliseconds kConnectTimeout{10000};
+// What the coordinator would hand out as the generation's data-plane secret.
+inline const std::string kTestSecret(32, '\x5a');
 
 // `nodes` agents, each with its own transport, sharing one store.
 struct Cluster {
@@ -60,6 +63,7 @@ struct Cluster {
     request.store = store;
     request.count = count;
     request.timeout = timeout;
+    request.secret = kTestSecret;
     return request;
   }
 

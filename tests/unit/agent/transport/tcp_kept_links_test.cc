@@ -50,6 +50,7 @@ ConnectRequest Request(int rank, int nodes, int generation,
   request.count = 2;
   request.timeout = kTimeout;
   request.reuse_key = "job/data";
+  request.secret = std::string(32, '\x5a');
   return request;
 }
 

@@ -683,6 +683,12 @@ TEST(TcpRoundsConnectTest, InvalidRequestsAreRejected) {
   request = cluster.Request(0, 1, kShortTimeout);
   request.prefix.clear();
   EXPECT_EQ(code(request), absl::StatusCode::kInvalidArgument);
+  // No secret is no connect, never an unauthenticated one.
+  request = cluster.Request(0, 1, kShortTimeout);
+  request.secret.clear();
+  const absl::Status no_secret = transport.ConnectNegotiation(request).status();
+  EXPECT_EQ(no_secret.code(), absl::StatusCode::kInvalidArgument) << no_secret;
+  EXPECT_THAT(no_secret.message(), HasSubstr("ConnectRequest.secret is empty"));
   EXPECT_EQ(code(cluster.Request(0, 1, milliseconds(0))),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code(cluster.Request(0, 1, milliseconds(-5))),
