@@ -9,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +22,12 @@
 #include "gtest/gtest.h"
 
 namespace baton {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 namespace {
 
 ProcessExit FromWaitStatus(int status, absl::Duration elapsed) {

@@ -12,6 +12,10 @@
 
 namespace baton {
 
+// The whole file at `path` ("" when it cannot be read): a child's stderr
+// file, a log.
+std::string ReadFile(const std::string& path);
+
 // How a child process ended.
 struct ProcessExit {
   // True when it exited (exit_code is valid), false when a signal killed it.

@@ -71,12 +71,6 @@ void ExpectPromtoolAccepts(const std::string& text, const std::string& what) {
   EXPECT_TRUE(status.ok()) << what << ": " << status.message() << "\n" << text;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::stringstream text;
-  text << std::ifstream(path).rdbuf();
-  return text.str();
-}
-
 TEST(MetricsIntegrationTest, CoordinatorAndAgentsExposeAJobsProgress) {
   LocalCluster cluster;
   ASSERT_TRUE(

@@ -141,11 +141,6 @@ bool ClosedByAgent(int fd) {
   return read(fd, &byte, 1) == 0;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // How often `text` occurs in `haystack`.
 int Count(const std::string& haystack, const std::string& text) {
   int n = 0;

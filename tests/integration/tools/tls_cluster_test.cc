@@ -34,12 +34,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
-}
-
 // Certificates for nodes n1..n3 under `dir` (COORDINATOR_SAN: `san`).
 void MakeCerts(const std::string& dir, const std::string& san = "") {
   const std::string command =
