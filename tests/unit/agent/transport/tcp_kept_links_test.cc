@@ -27,7 +27,8 @@ using ::testing::HasSubstr;
 constexpr std::chrono::milliseconds kTimeout{10000};
 
 // One node: an agent's transport and what it connected for the generation
-// it is in.
+// it is in. Members are destroyed in reverse order: the communicators before
+// the transport they borrowed their connections from.
 struct Node {
   std::unique_ptr<TcpTransport> transport;
   std::vector<std::unique_ptr<Communicator>> rings;
@@ -180,7 +181,12 @@ TEST(TcpKeptLinksTest, SurvivorsConnectOnlyToNewPeers) {
   ConnectGeneration(nodes, {0, 1, 2, 3}, 1);
   ExpectExactCollectives(nodes, {0, 1, 2, 3});
   AbortMidCollective(nodes, {0, 1, 3, 2});
-  nodes[2] = Node();  // killed: its connections close
+  // Killed: its connections close. The communicators go before the
+  // transport, whose pool they give their connections back to (as in the
+  // agent, whose transport outlives its jobs).
+  nodes[2].rounds.reset();
+  nodes[2].rings.clear();
+  nodes[2].transport.reset();
 
   // Ranks 0, 1, 2 are nodes 0, 1, 3. Rounds: the two others, kept. Rings:
   // 0-1 and 3-0 kept, 1-3 made.
