@@ -467,7 +467,7 @@ void JobMembership::ConnectDataPlane() {
         absl::UnavailableError("not connected"));
     // Node rank 0's --data_channels holds for everyone, so agents started
     // with different values still build the same communicators.
-    const Transport::LinkCounts before = env_.transport->link_counts();
+    const LinkCounts before = env_.transport->link_counts();
     absl::StatusOr<int> channels = AgreeOnChannels(request);
     absl::StatusOr<std::unique_ptr<NegotiationWire>> negotiation =
         channels.ok() ? env_.transport->ConnectNegotiation(request)
@@ -477,7 +477,7 @@ void JobMembership::ConnectDataPlane() {
       absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> data =
           env_.transport->Connect(request);
       if (data.ok()) {
-        const Transport::LinkCounts after = env_.transport->link_counts();
+        const LinkCounts after = env_.transport->link_counts();
         *comms = DataConnections{
             std::move(negotiation).value(),
             std::move(data).value(),

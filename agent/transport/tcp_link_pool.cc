@@ -73,7 +73,7 @@ void LinkPool::Count(int64_t kept, int64_t made) {
   counts_.made += made;
 }
 
-LinkPool::Counts LinkPool::counts() const {
+LinkCounts LinkPool::counts() const {
   absl::MutexLock lock(&mu_);
   return counts_;
 }

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/transport/tcp_link.h"
+#include "agent/transport/transport.h"
 
 namespace baton::agent::tcp {
 
@@ -50,12 +51,8 @@ class LinkPool {
 
   // How many links connects kept from an earlier generation, and how many
   // they made anew, since the agent started.
-  struct Counts {
-    int64_t kept = 0;
-    int64_t made = 0;
-  };
   void Count(int64_t kept, int64_t made) ABSL_LOCKS_EXCLUDED(mu_);
-  Counts counts() const ABSL_LOCKS_EXCLUDED(mu_);
+  LinkCounts counts() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry {
@@ -67,7 +64,7 @@ class LinkPool {
 
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
-  Counts counts_ ABSL_GUARDED_BY(mu_);
+  LinkCounts counts_ ABSL_GUARDED_BY(mu_);
 };
 
 // The links one communicator holds, by node rank (fd -1: none): given back

@@ -79,6 +79,8 @@ TcpRing::TcpRing(std::string name, int rank, int size, tcp::LentLinks links,
 
 TcpRing::~TcpRing() { ::close(abort_fd_); }
 
+int TcpRing::Wrap(int x) const { return Mod(x, size_); }
+
 std::string TcpRing::Describe() const {
   return absl::StrCat("communicator ", name_, " of ", size_,
                       " nodes (node rank ", rank_, ")");

@@ -120,7 +120,7 @@ class TcpRing : public Communicator {
           int abort_fd, Clock* clock);
 
   // x mod size_ for x in (-size_, 2 size_): a node rank.
-  int Wrap(int x) const { return ((x % size_) + size_) % size_; }
+  int Wrap(int x) const;
   tcp::Link& prev() { return links_[Wrap(rank_ - 1)]; }
   tcp::Link& next() { return links_[Wrap(rank_ + 1)]; }
 

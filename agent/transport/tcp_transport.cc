@@ -51,9 +51,6 @@ TcpTransport::ConnectNegotiation(const ConnectRequest& request) {
 
 void TcpTransport::DropKept(const std::string& prefix) { pool_.Drop(prefix); }
 
-Transport::LinkCounts TcpTransport::link_counts() const {
-  const tcp::LinkPool::Counts counts = pool_.counts();
-  return {counts.kept, counts.made};
-}
+LinkCounts TcpTransport::link_counts() const { return pool_.counts(); }
 
 }  // namespace baton::agent

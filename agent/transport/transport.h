@@ -55,18 +55,21 @@ class Communicator {
   virtual void Abort(const absl::Status& status) { (void)status; }
 };
 
+// Data-plane connections kept from an earlier generation, and made anew.
+struct LinkCounts {
+  int64_t kept = 0;
+  int64_t made = 0;
+};
+
 // What a node connects for one generation's data plane: the scheduler's
 // negotiation and the data communicators.
 struct DataConnections {
   std::unique_ptr<NegotiationWire> negotiation;
   std::vector<std::unique_ptr<Communicator>> data;
-  // Connections kept from the last generation and made anew for these
-  // (Transport::link_counts; on an agent running several jobs, others'
+  // Connections kept and made for these (the difference of
+  // Transport::link_counts; on an agent running several jobs, others'
   // connects in the meantime count too).
-  struct {
-    int64_t kept = 0;
-    int64_t made = 0;
-  } links;
+  LinkCounts links;
 };
 
 // What a node needs to connect its communicators for one (generation, epoch).
@@ -145,10 +148,6 @@ class Transport {
 
   // Connections kept from an earlier generation and made anew, since the
   // agent started (both 0 for transports that keep none).
-  struct LinkCounts {
-    int64_t kept = 0;
-    int64_t made = 0;
-  };
   virtual LinkCounts link_counts() const { return {}; }
 };
 

@@ -59,16 +59,17 @@ ConnectRequest Request(int rank, int nodes, int generation,
 // member drops what it held (as the agent does once the last generation's
 // data plane is gone), then connects rings and rounds. Returns each
 // member's connections kept and made in this connect.
-std::vector<Transport::LinkCounts> ConnectGeneration(
-    std::vector<Node>& nodes, const std::vector<int>& members, int generation) {
+std::vector<LinkCounts> ConnectGeneration(std::vector<Node>& nodes,
+                                          const std::vector<int>& members,
+                                          int generation) {
   auto store = std::make_shared<MemoryKeyValueStore>();
   const int size = static_cast<int>(members.size());
-  std::vector<Transport::LinkCounts> counts(size);
+  std::vector<LinkCounts> counts(size);
   OnEveryNode(size, [&](int rank) {
     Node& node = nodes[members[rank]];
     node.rings.clear();
     node.rounds.reset();
-    const Transport::LinkCounts before = node.transport->link_counts();
+    const LinkCounts before = node.transport->link_counts();
     const ConnectRequest request = Request(rank, size, generation, store);
     auto rounds = node.transport->ConnectNegotiation(request);
     ASSERT_TRUE(rounds.ok()) << "rank " << rank << ": " << rounds.status();
@@ -76,7 +77,7 @@ std::vector<Transport::LinkCounts> ConnectGeneration(
     ASSERT_TRUE(rings.ok()) << "rank " << rank << ": " << rings.status();
     node.rounds = std::move(rounds).value();
     node.rings = std::move(rings).value();
-    const Transport::LinkCounts after = node.transport->link_counts();
+    const LinkCounts after = node.transport->link_counts();
     counts[rank] = {after.kept - before.kept, after.made - before.made};
   });
   return counts;
@@ -190,7 +191,7 @@ TEST(TcpKeptLinksTest, SurvivorsConnectOnlyToNewPeers) {
 
   // Ranks 0, 1, 2 are nodes 0, 1, 3. Rounds: the two others, kept. Rings:
   // 0-1 and 3-0 kept, 1-3 made.
-  const std::vector<Transport::LinkCounts> survivors =
+  const std::vector<LinkCounts> survivors =
       ConnectGeneration(nodes, {0, 1, 3}, 2);
   EXPECT_EQ(survivors[0].kept, 2 + 2 * 2);
   EXPECT_EQ(survivors[0].made, 0);
@@ -201,7 +202,7 @@ TEST(TcpKeptLinksTest, SurvivorsConnectOnlyToNewPeers) {
   ExpectExactCollectives(nodes, {0, 1, 3});
 
   nodes[4].transport = NewTransport();
-  const std::vector<Transport::LinkCounts> grown =
+  const std::vector<LinkCounts> grown =
       ConnectGeneration(nodes, {0, 1, 3, 4}, 3);
   // Rings 0-1-3-4-0: 0-1 and 1-3 kept, 3-4 and 4-0 made. Rounds: the
   // joiner's three made.
