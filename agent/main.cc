@@ -166,6 +166,20 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
         absl::StrCat("--data_transport=", FLAGS_data_transport,
                      " is unknown: give tcp or gloo"));
   }
+  if (config.tls.enabled() &&
+      config.data_transport == agent::DataTransport::kGloo &&
+      !InsecureFromFlags()) {
+    // TLS says the cluster's channels must be authenticated; gloo's pair
+    // connections cannot be (docs/operations.md, "What the data plane
+    // protects"), and the default transport's are.
+    return absl::FailedPreconditionError(
+        "--data_transport=gloo with TLS: gloo's connections between agents "
+        "are not authenticated, so anyone who reaches this node's data "
+        "ports could connect to them; use the default --data_transport=tcp, "
+        "whose connections prove the generation's secret, or give "
+        "--insecure to accept that (docs/operations.md, \"What the data "
+        "plane protects\")");
+  }
   if (FLAGS_gpu_cross_node == "nccl") {
     config.gpu_cross_node = agent::GpuCrossNode::kNccl;
   } else if (FLAGS_gpu_cross_node == "gloo") {
@@ -255,6 +269,14 @@ agent::GpuSupport LocalGpus(const agent::AgentConfig& config) {
               << (config.data_transport == agent::DataTransport::kGloo
                       ? "gloo"
                       : "baton's TCP rings");
+    if (config.tls.enabled()) {
+      LOG(WARNING) << "TLS is on, but the connections that carry CUDA "
+                      "tensors between nodes ("
+                   << agent::GpuCrossNodeName(config.gpu_cross_node)
+                   << ") are not authenticated: admit only agents to this "
+                      "node's ports (docs/operations.md, \"What the data "
+                      "plane protects\")";
+    }
     return gpus;
   }
   gpus = agent::GpuSupport{};

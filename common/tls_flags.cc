@@ -15,7 +15,9 @@ DEFINE_string(tls_ca, "",
 DEFINE_int32(tls_refresh_s, 10, "Seconds between reading the TLS files again");
 DEFINE_bool(insecure, false,
             "Allow plaintext gRPC on an address that is not loopback (anyone "
-            "who reaches it can join jobs and read the rendezvous store)");
+            "who reaches it can join jobs and read the rendezvous store); "
+            "on an agent with TLS, also allow --data_transport=gloo, whose "
+            "connections between agents are not authenticated");
 
 namespace baton {
 

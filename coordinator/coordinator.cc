@@ -260,17 +260,36 @@ void Coordinator::OnSessionClosed(SessionId id, const std::string& why) {
   sessions_.Remove(id);
 }
 
+absl::Status Coordinator::CheckStoreCaller(const v1::StoreScope& scope,
+                                           const PeerIdentity& caller) const {
+  absl::Status current =
+      jobs_.CheckCurrent(scope.job(), scope.generation(), "");
+  if (!current.ok() || !caller.verified) return current;
+  for (const std::string& name : caller.dns_names) {
+    if (jobs_.CheckCurrent(scope.job(), scope.generation(), name).ok()) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the rendezvous store of job \"", scope.job(), "\" generation ",
+      scope.generation(),
+      " is open to its members only, and this connection's certificate "
+      "names no member (its DNS names: ",
+      caller.dns_names.empty() ? "none" : absl::StrJoin(caller.dns_names, ", "),
+      ")"));
+}
+
 void Coordinator::StoreSet(const v1::StoreSetRequest& request,
+                           const PeerIdentity& caller,
                            std::function<void(absl::Status)> done) {
-  absl::Status status = jobs_.CheckCurrent(request.scope().job(),
-                                           request.scope().generation(), "");
+  absl::Status status = CheckStoreCaller(request.scope(), caller);
   done(status.ok() ? store_.Set(request) : status);
 }
 
 void Coordinator::StoreGet(const v1::StoreGetRequest& request,
+                           const PeerIdentity& caller,
                            RendezvousStore::GetCallback done) {
-  absl::Status status = jobs_.CheckCurrent(request.scope().job(),
-                                           request.scope().generation(), "");
+  absl::Status status = CheckStoreCaller(request.scope(), caller);
   if (!status.ok()) {
     done(status);
     return;
@@ -279,9 +298,9 @@ void Coordinator::StoreGet(const v1::StoreGetRequest& request,
 }
 
 void Coordinator::StoreAdd(const v1::StoreAddRequest& request,
+                           const PeerIdentity& caller,
                            std::function<void(absl::StatusOr<int64_t>)> done) {
-  absl::Status status = jobs_.CheckCurrent(request.scope().job(),
-                                           request.scope().generation(), "");
+  absl::Status status = CheckStoreCaller(request.scope(), caller);
   if (!status.ok()) {
     done(status);
     return;

@@ -49,12 +49,14 @@ class Coordinator : private JobListener {
   // Idempotent; `why` says how the stream ended.
   void OnSessionClosed(SessionId id, const std::string& why);
 
-  // Rendezvous store. Callbacks run on the loop thread.
-  void StoreSet(const v1::StoreSetRequest& request,
+  // Rendezvous store. Callbacks run on the loop thread. `caller`: what the
+  // transport verified about who asks; with TLS only the members of the
+  // scope's sealed generation may use it (PERMISSION_DENIED otherwise).
+  void StoreSet(const v1::StoreSetRequest& request, const PeerIdentity& caller,
                 std::function<void(absl::Status)> done);
-  void StoreGet(const v1::StoreGetRequest& request,
+  void StoreGet(const v1::StoreGetRequest& request, const PeerIdentity& caller,
                 RendezvousStore::GetCallback done);
-  void StoreAdd(const v1::StoreAddRequest& request,
+  void StoreAdd(const v1::StoreAddRequest& request, const PeerIdentity& caller,
                 std::function<void(absl::StatusOr<int64_t>)> done);
 
   // Status API.
@@ -102,6 +104,10 @@ class Coordinator : private JobListener {
                       const v1::RejoinJob& rejoin, const std::string& node_name,
                       bool created) override;
 
+  // OK when `scope` names the sealed current generation of a running job
+  // and `caller` (when verified) names one of its members.
+  absl::Status CheckStoreCaller(const v1::StoreScope& scope,
+                                const PeerIdentity& caller) const;
   void HandleHello(SessionId id, uint64_t seq, const v1::Hello& hello);
   void HandleManifest(SessionId id, uint64_t seq, const v1::Manifest& manifest);
   void HandleStepReport(SessionId id, uint64_t seq,

@@ -12,6 +12,7 @@
 #include "common/ids.h"
 #include "common/tls.h"
 #include "coordinator/agent_channel.h"
+#include "coordinator/grpc/peer_identity.h"
 
 namespace baton::coordinator {
 namespace {
@@ -233,13 +234,7 @@ AgentSessionService::AgentSessionService(ControlLoop* loop,
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 AgentSessionService::AgentSession(grpc::CallbackServerContext* context) {
   const SessionId id(next_session_id_.fetch_add(1, std::memory_order_relaxed));
-  PeerIdentity identity;
-  if (const std::shared_ptr<const grpc::AuthContext> auth =
-          context->auth_context()) {
-    identity.verified = auth->IsPeerAuthenticated();
-    identity.dns_names = PeerDnsNames(*auth);
-  }
-  return new Reactor(this, id, std::move(identity));
+  return new Reactor(this, id, PeerIdentityOf(*context));
 }
 
 }  // namespace baton::coordinator

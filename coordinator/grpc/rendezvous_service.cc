@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/grpc_util.h"
+#include "coordinator/grpc/peer_identity.h"
 
 namespace baton::coordinator {
 
@@ -19,8 +20,9 @@ grpc::ServerUnaryReactor* RendezvousService::Set(
     grpc::CallbackServerContext* context, const v1::StoreSetRequest* request,
     v1::StoreSetResponse* /*response*/) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  loop_->Post([coordinator = coordinator_, request, reactor]() {
-    coordinator->StoreSet(*request, [reactor](absl::Status status) {
+  loop_->Post([coordinator = coordinator_, request, reactor,
+               caller = PeerIdentityOf(*context)]() {
+    coordinator->StoreSet(*request, caller, [reactor](absl::Status status) {
       reactor->Finish(ToGrpcStatus(status));
     });
   });
@@ -31,9 +33,10 @@ grpc::ServerUnaryReactor* RendezvousService::Get(
     grpc::CallbackServerContext* context, const v1::StoreGetRequest* request,
     v1::StoreGetResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  loop_->Post([coordinator = coordinator_, request, response, reactor]() {
+  loop_->Post([coordinator = coordinator_, request, response, reactor,
+               caller = PeerIdentityOf(*context)]() {
     coordinator->StoreGet(
-        *request,
+        *request, caller,
         [response, reactor](absl::StatusOr<std::vector<std::string>> values) {
           if (!values.ok()) {
             reactor->Finish(ToGrpcStatus(values.status()));
@@ -52,8 +55,9 @@ grpc::ServerUnaryReactor* RendezvousService::Add(
     grpc::CallbackServerContext* context, const v1::StoreAddRequest* request,
     v1::StoreAddResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  loop_->Post([coordinator = coordinator_, request, response, reactor]() {
-    coordinator->StoreAdd(*request,
+  loop_->Post([coordinator = coordinator_, request, response, reactor,
+               caller = PeerIdentityOf(*context)]() {
+    coordinator->StoreAdd(*request, caller,
                           [response, reactor](absl::StatusOr<int64_t> sum) {
                             if (!sum.ok()) {
                               reactor->Finish(ToGrpcStatus(sum.status()));

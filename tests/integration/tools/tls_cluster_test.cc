@@ -140,8 +140,9 @@ TEST_F(TlsClusterTest, ClusterTrainsAndBatonctlAnswers) {
 
 // Agents the cluster must not admit: one whose certificate another CA
 // signed is refused at the handshake and never joins; an expired
-// certificate and one naming another node stop the agent at start with one
-// line. Meanwhile the job on n1 and n2 trains on, undisturbed.
+// certificate, one naming another node and gloo's unauthenticated
+// transport stop the agent at start with one line. Meanwhile the job on n1 and
+// n2 trains on, undisturbed.
 TEST_F(TlsClusterTest, RefusedAgentsDisturbNobody) {
   LocalCluster cluster;
   StartCluster(cluster, 2, Cert("coordinator"));
@@ -183,6 +184,17 @@ TEST_F(TlsClusterTest, RefusedAgentsDisturbNobody) {
                 "--tls_ca=" + Ca()});
   EXPECT_EQ(impostor.exit.exit_code, 2) << impostor.err;
   EXPECT_THAT(impostor.err, HasSubstr("does not name this node \"n3\""));
+
+  // gloo's pair connections cannot prove the generation's secret: with
+  // TLS the agent refuses them unless told --insecure.
+  const Ended gloo =
+      RunToEnd(LocalCluster::AgentBinary(),
+               {"--coordinator=" + cluster.coordinator().address(), "--node=n3",
+                "--socket=" + cluster.dir() + "/gloo.sock",
+                "--data_transport=gloo", "--tls_cert=" + Cert("n3"),
+                "--tls_key=" + Cert("n3"), "--tls_ca=" + Ca()});
+  EXPECT_EQ(gloo.exit.exit_code, 2) << gloo.err;
+  EXPECT_THAT(gloo.err, HasSubstr("--data_transport=gloo with TLS"));
 
   const std::vector<ProcessExit> exits = cluster.WaitTrainers(absl::Minutes(2));
   for (size_t i = 0; i < exits.size(); ++i) {

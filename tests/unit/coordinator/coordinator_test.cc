@@ -85,6 +85,55 @@ TEST_F(CoordinatorTest, HelloMustNameANodeOfTheCertificate) {
   EXPECT_FALSE(genuine.channel->closed);
 }
 
+// With mutual TLS the rendezvous store of a generation (which holds its
+// data-plane addresses) answers only its members: a caller whose
+// certificate names a node outside the job is refused (PERMISSION_DENIED
+// naming its names) on set, get and add, and the members go on using it.
+TEST_F(CoordinatorTest, StoreAnswersOnlyTheGenerationsMembersWithTls) {
+  const PeerIdentity n0{/*verified=*/true, {"n0"}};
+  const PeerIdentity n1{/*verified=*/true, {"n1.example", "n1"}};
+  const PeerIdentity outsider{/*verified=*/true, {"n9"}};
+  Agent a = Connect("n0", "", n0), b = Connect("n1", "", n1);
+  Join(a, "job", 1, 2);
+  Join(b, "job", 1, 2);
+
+  v1::StoreSetRequest set;
+  set.mutable_scope()->set_job("job");
+  set.mutable_scope()->set_generation(1);
+  set.set_key("rank0");
+  set.set_value("addr");
+  absl::Status set_status = absl::UnknownError("not called");
+  coordinator_->StoreSet(set, outsider,
+                         [&](absl::Status s) { set_status = s; });
+  EXPECT_EQ(set_status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(set_status.message(), HasSubstr("its DNS names: n9"));
+  coordinator_->StoreSet(set, n0, [&](absl::Status s) { set_status = s; });
+  EXPECT_TRUE(set_status.ok()) << set_status;
+
+  v1::StoreGetRequest get;
+  *get.mutable_scope() = set.scope();
+  get.add_keys("rank0");
+  absl::StatusOr<std::vector<std::string>> got = absl::UnknownError("no");
+  coordinator_->StoreGet(get, outsider, [&](auto values) { got = values; });
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied);
+  coordinator_->StoreGet(get, n1, [&](auto values) { got = values; });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, std::vector<std::string>{"addr"});
+
+  v1::StoreAddRequest add;
+  *add.mutable_scope() = set.scope();
+  add.set_key("count");
+  add.set_delta(1);
+  absl::StatusOr<int64_t> sum = absl::UnknownError("no");
+  coordinator_->StoreAdd(add, outsider, [&](auto value) { sum = value; });
+  EXPECT_EQ(sum.status().code(), absl::StatusCode::kPermissionDenied);
+  coordinator_->StoreAdd(add, n1, [&](auto value) { sum = value; });
+  EXPECT_EQ(sum.value_or(-1), 1);
+  // Without TLS nothing is verified and nothing more is checked.
+  coordinator_->StoreAdd(add, PeerIdentity{}, [&](auto value) { sum = value; });
+  EXPECT_EQ(sum.value_or(-1), 2);
+}
+
 TEST_F(CoordinatorTest, SealsWithHeterogeneousTrainerCounts) {
   Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
   Join(a, "job", 2, 3);
@@ -508,7 +557,7 @@ TEST_F(CoordinatorTest, RestartRebuildsTheJobFromRejoiningAgents) {
   set.mutable_scope()->set_generation(1);
   set.set_key("k");
   absl::Status set_status = absl::UnknownError("not called");
-  coordinator_->StoreSet(set, [&](absl::Status s) { set_status = s; });
+  coordinator_->StoreSet(set, {}, [&](absl::Status s) { set_status = s; });
   EXPECT_TRUE(set_status.ok()) << set_status;
 }
 
@@ -638,19 +687,21 @@ TEST_F(CoordinatorTest, StoreWaitIsWokenBySetAndAbortedByGenerationChange) {
   get.add_keys("rank0");
   get.set_wait_timeout_ms(5000);
   absl::StatusOr<std::vector<std::string>> got = absl::UnknownError("waiting");
-  coordinator_->StoreGet(get, [&](auto values) { got = std::move(values); });
+  coordinator_->StoreGet(get, {},
+                         [&](auto values) { got = std::move(values); });
   EXPECT_EQ(got.status().code(), absl::StatusCode::kUnknown);
   v1::StoreSetRequest set;
   *set.mutable_scope() = get.scope();
   set.set_key("rank0");
   set.set_value("addr");
-  coordinator_->StoreSet(set, [](absl::Status) {});
+  coordinator_->StoreSet(set, {}, [](absl::Status) {});
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, std::vector<std::string>{"addr"});
 
   get.set_keys(0, "rank1");
   got = absl::UnknownError("waiting");
-  coordinator_->StoreGet(get, [&](auto values) { got = std::move(values); });
+  coordinator_->StoreGet(get, {},
+                         [&](auto values) { got = std::move(values); });
   coordinator_->OnSessionClosed(c.id, "crashed");
   EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(got.status().message(), HasSubstr("node n2"));
