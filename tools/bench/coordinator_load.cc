@@ -27,12 +27,16 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "baton/v1/coordinator.grpc.pb.h"
 #include "baton/v1/status.grpc.pb.h"
 #include "common/init.h"
+#include "common/tls.h"
+#include "common/tls_flags.h"
 #include "tools/bench/load_recorder.h"
 #include "tools/bench/process_sample.h"
 #include "tools/bench/simulated_agent.h"
@@ -87,6 +91,18 @@ void RaiseFdLimit() {
   }
 }
 
+// Plaintext, or mutual TLS with --tls_cert/--tls_key/--tls_ca, where
+// "{channel}" in the certificate and key paths stands for the channel's
+// index: each channel's certificate names the simulated nodes it carries
+// (sim-<i>, as DNS names), as each agent's names its node.
+TlsFiles ChannelTlsFiles(int index) {
+  TlsFiles files = TlsFilesFromFlags();
+  for (std::string* path : {&files.cert, &files.key}) {
+    *path = absl::StrReplaceAll(*path, {{"{channel}", absl::StrCat(index)}});
+  }
+  return files;
+}
+
 std::shared_ptr<grpc::Channel> NewChannel(int index) {
   grpc::ChannelArguments args;
   // A local subchannel pool and a distinct argument give every channel its
@@ -96,8 +112,8 @@ std::shared_ptr<grpc::Channel> NewChannel(int index) {
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-  return grpc::CreateCustomChannel(FLAGS_coordinator,
-                                   grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      FLAGS_coordinator, ChannelCredentials(ChannelTlsFiles(index)), args);
 }
 
 absl::Status GetJob(const std::shared_ptr<grpc::Channel>& channel,
@@ -315,6 +331,12 @@ int Main(int argc, char** argv) {
                  "baton-coordinator-load: --nodes must be in 1..100000; "
                  "--duration_s, --agents_per_channel, --seal_timeout_s and "
                  "--connect_timeout_s must be positive\n");
+    return 2;
+  }
+  // The certificate of channel 0 stands for all of them in the check.
+  if (absl::Status checked = CheckTlsFiles(ChannelTlsFiles(0)); !checked.ok()) {
+    std::fprintf(stderr, "baton-coordinator-load: %s\n",
+                 std::string(checked.message()).c_str());
     return 2;
   }
   RaiseFdLimit();
