@@ -17,7 +17,7 @@ import { fileURLToPath } from "node:url";
 import YAML from "yaml";
 import { validateSchema, modelsVersion } from "./lib/schema.mjs";
 import { checkDeployment } from "./lib/checks.mjs";
-import { loadBinaries, loadContainerfile, loadTrainerEnvironment } from "./lib/sources.mjs";
+import { loadBinaries, loadContainerfile, loadOperatorSecrets, loadTrainerEnvironment } from "./lib/sources.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, "../..");
@@ -27,6 +27,8 @@ const DEPLOYMENTS = [
   ["cpu", ["deploy/k8s/overlays/cpu", "deploy/k8s/examples/trainer"]],
   ["cpu-elastic", ["deploy/k8s/overlays/cpu", "deploy/k8s/examples/trainer-elastic"]],
   ["gpu", ["deploy/k8s/overlays/gpu", "deploy/k8s/examples/trainer-gpu"]],
+  ["tls", ["deploy/k8s/overlays/tls", "deploy/k8s/examples/trainer-tls"]],
+  ["cert-manager", ["deploy/k8s/overlays/cert-manager", "deploy/k8s/examples/trainer-tls"]],
 ];
 
 function parseArgs(argv) {
@@ -88,6 +90,7 @@ function main() {
     binaries: loadBinaries(options.bin),
     targets: loadContainerfile(path.join(root, "deploy/images/Containerfile")),
     trainerEnvironment: loadTrainerEnvironment(path.join(root, "docs/api.md")),
+    operatorSecrets: loadOperatorSecrets(root, "deploy/k8s/overlays/tls/make-secrets"),
     docs: fs.readFileSync(path.join(root, docsPath), "utf8"),
     docsPath,
   };

@@ -4,6 +4,7 @@
 
 import path from "node:path";
 import { checkElasticJob } from "./elastic_job.mjs";
+import { checkNetworkPolicies, checkTls, tlsOf } from "./security.mjs";
 
 const LONG_RUNNING = new Set(["Deployment", "DaemonSet", "StatefulSet", "ReplicaSet"]);
 const BATON_IMAGE = /^(?:(.*)\/)?baton-(coordinator|agent|trainer)(?::([^@]+))?(?:@.+)?$/;
@@ -78,6 +79,9 @@ class Container {
   resolveEnv(context) {
     const env = new Map();
     this.configMapsUsed = [];
+    // $(NAME) in an env value is expanded only when NAME comes from envFrom
+    // or an earlier env entry; Kubernetes leaves anything else as it is.
+    this.unexpanded = [];
     for (const from of this.spec.envFrom ?? []) {
       const name = from.configMapRef?.name;
       if (!name) continue;
@@ -100,6 +104,9 @@ class Container {
       } else if (e.valueFrom) {
         env.set(e.name, { other: true });
       } else {
+        for (const m of (e.value ?? "").matchAll(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g)) {
+          if (!env.has(m[1])) this.unexpanded.push({ name: e.name, ref: m[1] });
+        }
         env.set(e.name, { value: e.value ?? "" });
       }
     }
@@ -153,9 +160,16 @@ class Container {
     const rest = file.slice(best.mount.length);
     if (volume?.hostPath) {
       const host = path.posix.join(volume.hostPath.path, best.m.subPath ?? "", rest);
-      return { kind: "host", host, volume: volume.name, text: `host ${host}` };
+      return { kind: "host", host, volume: volume.name, mount: best.m, text: `host ${host}` };
     }
-    return { kind: "other", text: `volume ${best.m.name} (not a hostPath: not shared with other pods)` };
+    const key = path.posix.join(best.m.subPath ?? "", rest).replace(/^\//, "");
+    if (volume?.secret) {
+      return { kind: "secret", secret: volume.secret, key, volume: volume.name, mount: best.m, text: `Secret ${volume.secret.secretName} (volume ${volume.name})` };
+    }
+    if (volume?.csi) return { kind: "csi", csi: volume.csi, key, volume: volume.name, mount: best.m, text: `CSI volume ${volume.name} (${volume.csi.driver})` };
+    if (volume?.configMap) return { kind: "configMap", key, volume: volume.name, mount: best.m, text: `ConfigMap ${volume.configMap.name} (volume ${volume.name})` };
+    if (volume?.projected) return { kind: "projected", key, volume: volume.name, mount: best.m, text: `projected volume ${volume.name}` };
+    return { kind: "other", volume: best.m.name, mount: best.m, text: `volume ${best.m.name} (not a hostPath: not shared with other pods)` };
   }
 }
 
@@ -283,9 +297,16 @@ export function checkDeployment(objects, context) {
       }
     }
   }
+  for (const c of containers) {
+    for (const { name, ref: missing } of c.unexpanded) {
+      error(c.where, `${name} refers to $(${missing}), which is not set before it (envFrom or an earlier env entry): Kubernetes passes "$(${missing})" on unexpanded; put ${missing} first`);
+    }
+  }
   for (const c of trainers) {
+    // batonrun reads BATON_<FLAG> like --<flag> (BATON_TLS_CERT, ...).
+    const launcherFlag = (name) => c.binary === "batonrun" && binaries.get("batonrun").own.has(name.slice(6).toLowerCase());
     for (const name of c.env.keys()) {
-      if (name.startsWith("BATON_") && !context.trainerEnvironment.has(name)) {
+      if (name.startsWith("BATON_") && !context.trainerEnvironment.has(name) && !launcherFlag(name)) {
         error(c.where, `${name} is not a variable trainers read (docs/api.md lists ${[...context.trainerEnvironment].join(", ")})`);
       }
     }
@@ -346,8 +367,18 @@ export function checkDeployment(objects, context) {
     if (!listen) error(c.where, "BATON_LISTEN is not host:port");
     else if (!grpc) error(c.where, `serves gRPC on port ${listen.port}, but the container has no port named grpc`);
     else if (grpc.containerPort !== listen.port) error(c.where, `BATON_LISTEN serves on port ${listen.port}, but the port named grpc is ${grpc.containerPort}`);
+    const tls = tlsOf(c, binaries).on;
+    for (const p of ["livenessProbe", "readinessProbe", "startupProbe"]) {
+      const probe = c.spec[p];
+      if (!probe) continue;
+      if (tls && probe.grpc) {
+        error(c.where, `${p} is a grpc probe, but the coordinator's port requires TLS, which the kubelet's gRPC probes do not speak: probe httpGet /metrics on the port metrics`);
+      } else if (tls && probe.httpGet && c.port(probe.httpGet.port)?.name !== "metrics") {
+        error(c.where, `${p} probes port ${probe.httpGet.port} over HTTP, but with TLS only the port metrics answers plaintext HTTP`);
+      }
+    }
     for (const p of ["livenessProbe", "readinessProbe"]) {
-      if (c.spec[p] && !c.spec[p].grpc) error(c.where, `${p} should be a grpc probe (the grpc.health.v1 service the coordinator serves)`);
+      if (!tls && c.spec[p] && !c.spec[p].grpc) error(c.where, `${p} should be a grpc probe (the grpc.health.v1 service the coordinator serves)`);
       if (listen && c.spec[p]?.grpc && c.spec[p].grpc.port !== listen.port) error(c.where, `${p} probes port ${c.spec[p].grpc.port}, but the coordinator serves on ${listen.port}`);
     }
     const o = c.pod.object;
@@ -531,6 +562,11 @@ export function checkDeployment(objects, context) {
       error(pod.ref, `has a podFailurePolicy, which needs the pod template's restartPolicy: Never (it is ${pod.spec.restartPolicy ?? "unset"}); the API server refuses it`);
     }
   }
+
+  // --- TLS and NetworkPolicies (lib/security.mjs) ---------------------------
+  const rolesOf = { coordinators, agents, launchers, trainers, pods };
+  errors.push(...checkTls(objects, rolesOf, context));
+  errors.push(...checkNetworkPolicies(objects, rolesOf, context));
 
   // --- docs: every flag the deployment sets or the servers have ------------
   if (context.docs !== undefined) {

@@ -16,13 +16,24 @@ import { createRequire } from "node:module";
 const require = createRequire(import.meta.url);
 const modelsDir = path.dirname(require.resolve("kubernetes-models/package.json"));
 const nodeModules = path.dirname(modelsDir);
+// Kubernetes' own kinds, then cert-manager's (overlays/cert-manager).
+const modelDirs = [modelsDir, path.dirname(require.resolve("@kubernetes-models/cert-manager/package.json"))];
 
-// The model class of apiVersion/kind, or null when the package has none.
-function modelClass(apiVersion, kind) {
+// The file (without extension) declaring apiVersion/kind, or null when no
+// package has it.
+function modelFile(apiVersion, kind) {
   if (typeof apiVersion !== "string" || typeof kind !== "string") return null;
-  const file = path.join(modelsDir, apiVersion, `${kind}.js`);
-  if (!fs.existsSync(file)) return null;
-  return require(file)[kind] ?? null;
+  for (const dir of modelDirs) {
+    const file = path.join(dir, apiVersion, kind);
+    if (fs.existsSync(`${file}.js`)) return file;
+  }
+  return null;
+}
+
+// The model class of apiVersion/kind, or null when no package has it.
+function modelClass(apiVersion, kind) {
+  const file = modelFile(apiVersion, kind);
+  return file ? require(`${file}.js`)[kind] ?? null : null;
 }
 
 // --- type declarations -----------------------------------------------------
@@ -135,11 +146,11 @@ export function validateSchema(object) {
     const details = (e.errors || []).map((d) => `${d.instancePath || "/"} ${d.message}`);
     errors.push(`schema: ${details.length ? details.join("; ") : e.message}`);
   }
-  const file = path.join(modelsDir, object.apiVersion, `${object.kind}.d.ts`);
-  unknownFields(object, { kind: "ref", file }, "", errors);
+  unknownFields(object, { kind: "ref", file: `${modelFile(object.apiVersion, object.kind)}.d.ts` }, "", errors);
   return errors;
 }
 
 export function modelsVersion() {
-  return require("kubernetes-models/package.json").version;
+  const version = (name) => require(`${name}/package.json`).version;
+  return `${version("kubernetes-models")}, @kubernetes-models/cert-manager ${version("@kubernetes-models/cert-manager")}`;
 }

@@ -127,3 +127,14 @@ export function loadTrainerEnvironment(file) {
   if (names.size === 0) throw new Error(`${file} lists no BATON_* trainer variables (the table's format changed?)`);
   return names;
 }
+
+// The Secrets the operator makes with `script` (overlays/tls/make-secrets)
+// rather than the deployment holding them: the names its `kubectl create
+// secret` lines (directly or through its secret() helper) give.
+export function loadOperatorSecrets(root, script) {
+  const text = fs.readFileSync(path.join(root, script), "utf8");
+  const names = new Set();
+  for (const m of text.matchAll(/^\s*(?:kubectl create )?secret (?:tls |generic )?(baton-[a-z0-9-]+)\b/gm)) names.add(m[1]);
+  if (names.size === 0) throw new Error(`${script} makes no Secret named baton-* (its kubectl create secret lines changed?)`);
+  return { script, names };
+}
