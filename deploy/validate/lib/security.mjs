@@ -7,7 +7,7 @@
 //                    hostPath; a CSI volume); all three files or none; no
 //                    BATON_INSECURE with TLS; the coordinator and every
 //                    process that dials it agree on TLS; agents do not share
-//                    one certificate.
+//                    one certificate; no gloo data transport with TLS.
 //   NetworkPolicies  the coordinator's pods are isolated and admit the agent
 //                    and trainer pods on the gRPC port and no one else; the
 //                    agents' pods admit agent pods on every port (the data
@@ -84,6 +84,9 @@ export function checkTls(objects, { coordinators, agents, launchers }, context) 
     }
     if (t.insecure !== undefined) {
       error(c.where, `sets BATON_INSECURE (or --insecure) to "${t.insecure}" although TLS is on: remove it, so that plaintext is never an option`);
+    }
+    if (c.binary === "baton-agent" && c.flag("data_transport", binaries).value === "gloo") {
+      error(c.where, "BATON_DATA_TRANSPORT=gloo with TLS: gloo's connections between agents cannot be authenticated, and the agent refuses to start unless BATON_INSECURE accepts that; use tcp (the default)");
     }
     if (!isCoordinator && coordinators.length > 0 && !coordinatorTls) {
       error(c.where, `${c.binary} speaks TLS, but the coordinator has no BATON_TLS_*: every handshake would fail`);
