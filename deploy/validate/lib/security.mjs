@@ -173,12 +173,13 @@ export function checkNetworkPolicies(objects, { coordinators, agents, launchers 
   const isolating = (pod) => policies.filter((p) => nsOf(p) === pod.namespace && types(p).includes("Ingress") && matches(p.spec?.podSelector ?? {}, pod.labels));
 
   // Does `from` ({namespace, labels}) match one of a rule's peers? An
-  // ipBlock counts as any pod: the check cannot tell which pods' addresses
-  // a block holds.
+  // ipBlock of /0 counts as any pod; a narrower one (the nodes' addresses,
+  // for agents on the host network) as none: pods' addresses are not known
+  // offline.
   const peerMatches = (peers, policy, from) =>
     !peers || peers.length === 0 ||
     peers.some((f) => {
-      if (f.ipBlock) return true;
+      if (f.ipBlock) return /\/0$/.test(f.ipBlock.cidr ?? "");
       const nsOk = f.namespaceSelector ? matches(f.namespaceSelector, namespaceLabels(from.namespace)) : from.namespace === nsOf(policy);
       return nsOk && (!f.podSelector || matches(f.podSelector, from.labels));
     });
