@@ -1,8 +1,11 @@
 #include "baton/job_status.h"
 
+#include <memory>
 #include <thread>
+#include <utility>
 
 #include "baton/status_client.h"
+#include "common/client_credentials.h"
 
 namespace baton {
 
@@ -10,7 +13,10 @@ absl::StatusOr<v1::JobStatus> FetchJobStatus(const std::string& address,
                                              const std::string& job,
                                              int64_t min_global_step,
                                              std::chrono::milliseconds wait) {
-  StatusClient client(address, absl::Seconds(2));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ClientCredentialsFromEnvironment();
+  if (!credentials.ok()) return credentials.status();
+  StatusClient client(address, absl::Seconds(2), *std::move(credentials));
   const auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {
     absl::StatusOr<v1::JobStatus> status = client.GetJob(job);

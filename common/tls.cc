@@ -101,10 +101,13 @@ std::string Utc(const ASN1_TIME* time) {
 
 }  // namespace
 
-absl::Status CheckTlsFiles(const TlsFiles& files) {
+absl::Status CheckTlsFiles(const TlsFiles& files, bool allow_ca_only) {
   const bool any =
       !files.cert.empty() || !files.key.empty() || !files.ca.empty();
   if (!any) return absl::OkStatus();
+  if (allow_ca_only && files.ca_only()) {
+    return ReadCertificates("tls_ca", files.ca).status();
+  }
   for (const auto& [flag, path] :
        {std::pair{"tls_cert", &files.cert}, std::pair{"tls_key", &files.key},
         std::pair{"tls_ca", &files.ca}}) {
@@ -208,19 +211,34 @@ std::shared_ptr<grpc::experimental::FileWatcherCertificateProvider> Provider(
 }  // namespace
 
 std::shared_ptr<grpc::ServerCredentials> TlsServerCredentials(
-    const TlsFiles& files) {
+    const TlsFiles& files,
+    std::shared_ptr<grpc::AuthMetadataProcessor> authorizer) {
   grpc::experimental::TlsServerCredentialsOptions options(Provider(files));
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
   options.set_cert_request_type(
-      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  return grpc::experimental::TlsServerCredentials(options);
+      authorizer != nullptr
+          ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      grpc::experimental::TlsServerCredentials(options);
+  if (authorizer != nullptr) {
+    credentials->SetAuthMetadataProcessor(std::move(authorizer));
+  }
+  return credentials;
 }
 
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(
     const TlsFiles& files) {
-  if (!files.enabled()) return grpc::InsecureChannelCredentials();
   grpc::experimental::TlsChannelCredentialsOptions options;
+  if (files.ca_only()) {
+    options.set_certificate_provider(
+        std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+            files.ca, static_cast<unsigned int>(files.refresh_s)));
+    options.watch_root_certs();
+    return grpc::experimental::TlsCredentials(options);
+  }
+  if (!files.enabled()) return grpc::InsecureChannelCredentials();
   options.set_certificate_provider(Provider(files));
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/auth_context.h>
+#include <grpcpp/security/auth_metadata_processor.h>
 
 #include <memory>
 #include <string>
@@ -28,6 +29,9 @@ struct TlsFiles {
   int refresh_s = 10;
 
   bool enabled() const { return !cert.empty(); }
+  // Only --tls_ca: a client that verifies the server and presents a bearer
+  // token instead of a certificate (batonctl --token_file).
+  bool ca_only() const { return cert.empty() && key.empty() && !ca.empty(); }
 };
 
 // What --tls_* must satisfy before a process starts: all three given or none
@@ -35,20 +39,27 @@ struct TlsFiles {
 // matches the certificate; the certificate is valid now and signed by the
 // CA. Each error is one line naming the flag, the file and what to do.
 // gRPC itself would start with bad files and fail every handshake later.
-absl::Status CheckTlsFiles(const TlsFiles& files);
+// With `allow_ca_only` (a client that presents a token instead), --tls_ca
+// alone is accepted too: it must hold a readable PEM certificate.
+absl::Status CheckTlsFiles(const TlsFiles& files, bool allow_ca_only = false);
 
 // The DNS names of the certificate in `path` (its subjectAltName entries).
 absl::StatusOr<std::vector<std::string>> CertificateDnsNames(
     const std::string& path);
 
-// Server credentials for `files` (enabled): TLS 1.2+, a client certificate
-// required and verified against the CA.
+// Server credentials for `files` (enabled): TLS 1.2+. Without `authorizer`
+// a client certificate is required and verified against the CA. With one,
+// a client certificate is optional at the handshake (one that is presented
+// is still verified: another CA's or an expired one is refused) and
+// `authorizer` decides each call (coordinator/grpc/call_authorizer.h).
 std::shared_ptr<grpc::ServerCredentials> TlsServerCredentials(
-    const TlsFiles& files);
+    const TlsFiles& files,
+    std::shared_ptr<grpc::AuthMetadataProcessor> authorizer = nullptr);
 
-// Channel credentials for `files` (enabled): the server's certificate
-// verified against the CA and the address dialled, this process's
-// certificate presented. Without TLS: insecure credentials.
+// Channel credentials for `files` (enabled or ca_only): the server's
+// certificate verified against the CA and the address dialled, this
+// process's certificate presented (none when ca_only). Without TLS:
+// insecure credentials.
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(
     const TlsFiles& files);
 

@@ -317,6 +317,23 @@ v1::ListJobsResponse Coordinator::ListJobs() const {
   return response;
 }
 
+absl::StatusOr<std::string> Coordinator::CancelJob(const std::string& job,
+                                                   const std::string& who,
+                                                   const std::string& why) {
+  if (why.size() > kMaxCancelReasonBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the reason has ", why.size(), " bytes, more than ",
+                     kMaxCancelReasonBytes, ": shorten it"));
+  }
+  const std::string reason =
+      why.empty() ? absl::StrCat("cancelled by ", who)
+                  : absl::StrCat("cancelled by ", who, ": ", why);
+  if (absl::Status cancelled = jobs_.Cancel(job, reason); !cancelled.ok()) {
+    return cancelled;
+  }
+  return reason;
+}
+
 absl::StatusOr<v1::JobStatus> Coordinator::GetJob(
     const std::string& job) const {
   v1::JobStatus status;

@@ -63,6 +63,17 @@ class Coordinator : private JobListener {
   v1::ListJobsResponse ListJobs() const;
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job) const;
 
+  // Admin API. Ends `job` as failed with the reason "cancelled by <who>:
+  // <why>" (just "cancelled by <who>" without `why`), through the path of
+  // every job failure: its agents are told and its trainers' next calls
+  // fail with that reason. Returns the reason. NOT_FOUND for an unknown
+  // job, FAILED_PRECONDITION for an ended one, INVALID_ARGUMENT for a `why`
+  // longer than kMaxCancelReasonBytes.
+  absl::StatusOr<std::string> CancelJob(const std::string& job,
+                                        const std::string& who,
+                                        const std::string& why);
+  static constexpr size_t kMaxCancelReasonBytes = 1024;
+
   // Metrics beyond the job status: agents with an open session (that said
   // hello), and how long `job`'s sealed re-forms took.
   int ConnectedAgents() const;

@@ -448,6 +448,23 @@ void JobManager::EndJob(Job& job, v1::JobState state,
   job.held_joins.clear();
 }
 
+absl::Status JobManager::Cancel(const std::string& name,
+                                const std::string& reason) {
+  Job* job = FindJob(name);
+  if (job == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("job \"", name, "\" is unknown to the coordinator"));
+  }
+  if (Ended(job->state)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", name, "\" has already ", StateName(job->state),
+                     ": ", job->reason));
+  }
+  EndJob(*job, v1::JOB_STATE_FAILED, reason);
+  JoinReleased();
+  return absl::OkStatus();
+}
+
 void JobManager::JoinReleased() {
   std::vector<HeldJoin> released;
   released.swap(released_joins_);

@@ -104,6 +104,12 @@ class JobManager {
   // Sends `message` to every connected member of the job.
   void Broadcast(const std::string& job, const v1::CoordinatorMessage& message);
 
+  // Ends the job as failed with `reason` (an operator's cancel), as any
+  // failure ends it: every member and waiting node is told, store waits
+  // fail, status shows it FAILED with the reason. NOT_FOUND for an unknown
+  // job, FAILED_PRECONDITION for one that has ended.
+  absl::Status Cancel(const std::string& job, const std::string& reason);
+
   // Appends to the job's event log (and the process log).
   void RecordEvent(const std::string& job, const std::string& kind,
                    const std::string& message);

@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -58,6 +60,11 @@ DEFINE_int64(shutdown_grace_ms, 3000,
 DEFINE_int32(events_per_job, 100, "Recent events kept per job (a count)");
 DEFINE_int32(max_message_bytes, 16777216,
              "Largest gRPC message in bytes the coordinator sends or accepts");
+DEFINE_string(tokens_file, "",
+              "Bearer tokens for people and scripts, lines \"SCOPE NAME "
+              "TOKEN\" (scope read: status; admin: also batonctl cancel); "
+              "needs TLS. Read again when it changes (at most every "
+              "--tls_refresh_s)");
 DEFINE_string(metrics_listen, "",
               "Address of the Prometheus endpoint (GET /metrics), host:port "
               "(port 0 picks a free port, printed at start); empty: none");
@@ -155,6 +162,23 @@ absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {
   return options;
 }
 
+// --tokens_file, loaded: every problem is a startup error.
+absl::StatusOr<TokensFile> TokensFromFlags() {
+  TokensFile tokens;
+  if (FLAGS_tokens_file.empty()) return tokens;
+  if (!TlsFilesFromFlags().enabled()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokens_file ", FLAGS_tokens_file,
+        " needs TLS (clients send tokens only over TLS): give --tls_cert, "
+        "--tls_key and --tls_ca, or leave out --tokens_file"));
+  }
+  absl::StatusOr<TokenTable> table = TokenTable::Load(FLAGS_tokens_file);
+  if (!table.ok()) return table.status();
+  tokens.path = FLAGS_tokens_file;
+  tokens.table = std::make_shared<const TokenTable>(*std::move(table));
+  return tokens;
+}
+
 // "host:port" with the bound port in place of the requested one.
 std::string BoundAddress(const std::string& listen, int port) {
   return absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
@@ -170,10 +194,17 @@ int Main(int argc, char** argv) {
                  std::string(options.status().message()).c_str());
     return 2;
   }
+  absl::StatusOr<TokensFile> tokens = TokensFromFlags();
+  if (!tokens.ok()) {
+    std::fprintf(stderr, "baton-coordinator: %s\n",
+                 std::string(tokens.status().message()).c_str());
+    return 2;
+  }
 
   CoordinatorServer server(*options, Clock::Real());
   absl::StatusOr<int> port =
-      server.Start(FLAGS_listen, FLAGS_max_message_bytes, TlsFilesFromFlags());
+      server.Start(FLAGS_listen, FLAGS_max_message_bytes, TlsFilesFromFlags(),
+                   *std::move(tokens));
   if (!port.ok()) {
     std::fprintf(stderr, "baton-coordinator: %s\n",
                  std::string(port.status().message()).c_str());

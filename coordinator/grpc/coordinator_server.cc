@@ -25,8 +25,20 @@ CoordinatorServer::~CoordinatorServer() { Shutdown(absl::ZeroDuration()); }
 
 absl::StatusOr<int> CoordinatorServer::Start(const std::string& listen_address,
                                              int max_message_bytes,
-                                             const TlsFiles& tls) {
+                                             const TlsFiles& tls,
+                                             TokensFile tokens) {
   CHECK(server_ == nullptr) << "CoordinatorServer::Start called twice";
+  CHECK(tls.enabled() || tokens.path.empty())
+      << "tokens without TLS: gRPC sends none in plaintext";
+  if (tls.enabled()) {
+    authorizer_ = std::make_shared<CallAuthorizer>(
+        tokens.path,
+        tokens.table != nullptr ? tokens.table
+                                : std::make_shared<const TokenTable>(),
+        absl::Seconds(tls.refresh_s));
+  }
+  admin_ =
+      std::make_unique<AdminService>(&loop_, &coordinator_, authorizer_.get());
   EnableStandardServices();
   grpc::ServerBuilder builder;
   ApplyServerDefaults(builder, max_message_bytes);
@@ -35,12 +47,14 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& listen_address,
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(listen_address,
-                           tls.enabled() ? TlsServerCredentials(tls)
-                                         : grpc::InsecureServerCredentials(),
+                           tls.enabled()
+                               ? TlsServerCredentials(tls, authorizer_)
+                               : grpc::InsecureServerCredentials(),
                            &port);
   builder.RegisterService(&agent_sessions_);
   builder.RegisterService(&rendezvous_);
   builder.RegisterService(&status_);
+  builder.RegisterService(admin_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     server_.reset();

@@ -14,15 +14,25 @@
 #include "coordinator/control_loop.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_options.h"
+#include "coordinator/grpc/admin_service.h"
 #include "coordinator/grpc/agent_session_service.h"
+#include "coordinator/grpc/call_authorizer.h"
 #include "coordinator/grpc/rendezvous_service.h"
 #include "coordinator/grpc/status_service.h"
+#include "coordinator/token_table.h"
 
 namespace baton::coordinator {
 
+// The bearer tokens a TLS coordinator accepts (--tokens_file): the file,
+// read again when it changes, and what was loaded from it at startup.
+struct TokensFile {
+  std::string path;
+  std::shared_ptr<const TokenTable> table;
+};
+
 // A running coordinator: the Coordinator, the control loop thread that owns
-// it, and the gRPC server with the agent-session, rendezvous, status, health
-// and reflection services.
+// it, and the gRPC server with the agent-session, rendezvous, status, admin,
+// health and reflection services.
 //
 // Start, Shutdown and the destructor are called from one thread (main's);
 // the Coordinator inside is only touched on the loop thread.
@@ -37,11 +47,15 @@ class CoordinatorServer {
 
   // Binds `listen_address` ("host:port"; port 0 picks a free port), starts
   // serving and starts the control loop. Returns the bound port. Call once.
-  // With `tls` enabled every connection is mutual TLS: a client certificate
-  // signed by tls.ca is required (CheckTlsFiles first: gRPC starts even
-  // with files it cannot use).
+  // With `tls` enabled every connection is TLS and CallAuthorizer decides
+  // each call: a node's client certificate (signed by tls.ca) for agent
+  // sessions and the store, a certificate or one of `tokens` for status, an
+  // admin token for the admin service (CheckTlsFiles first: gRPC starts
+  // even with files it cannot use). Without TLS every call is admitted and
+  // `tokens` must be empty (gRPC sends no tokens in plaintext).
   absl::StatusOr<int> Start(const std::string& listen_address,
-                            int max_message_bytes, const TlsFiles& tls = {});
+                            int max_message_bytes, const TlsFiles& tls = {},
+                            TokensFile tokens = {});
 
   // Serves the coordinator's Prometheus metrics on `listen_address`
   // ("host:port"; port 0 picks a free port) until Shutdown. Call after
@@ -69,6 +83,9 @@ class CoordinatorServer {
   AgentSessionService agent_sessions_;
   RendezvousService rendezvous_;
   StatusService status_;
+  // Made by Start: with TLS, the authorizer first.
+  std::shared_ptr<CallAuthorizer> authorizer_;
+  std::unique_ptr<AdminService> admin_;
 
   std::unique_ptr<grpc::Server> server_;
   // Reads the coordinator through the loop: stopped before the loop is.

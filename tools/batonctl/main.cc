@@ -1,13 +1,16 @@
 // batonctl: the operator's view of a baton coordinator, through its
-// read-only Status service.
+// read-only Status service, and its Admin service (cancel).
 //
 //   batonctl [--coordinator HOST:PORT] [--json] [--timeout_ms N] COMMAND ...
 //
 // Commands: status [JOB], jobs, members JOB, tensors JOB, events JOB,
 // watch [JOB] [--interval_ms N], timeline JOB --steps A:B [-o trace.json]
-// [--svg out.svg]. --json prints the response message (status.proto) as
-// JSON instead of text. The address defaults to $BATON_COORDINATOR (every
-// flag has its BATON_<FLAG> variable).
+// [--svg out.svg], cancel --job JOB [--reason TEXT]. --json prints the
+// response message (status.proto, admin.proto) as JSON instead of text.
+// The address defaults to $BATON_COORDINATOR (every flag has its
+// BATON_<FLAG> variable). With TLS: --tls_cert/--tls_key/--tls_ca, or
+// --tls_ca and --token_file (a bearer token; cancel needs one of scope
+// admin).
 //
 // Exit codes: 0 done; 1 the coordinator could not answer, or there was
 // nothing to draw (one line on stderr saying what to check); 2 a usage
@@ -18,7 +21,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,8 +34,9 @@
 #include "absl/time/clock.h"
 #include "baton/status_client.h"
 #include "baton/status_format.h"
+#include "baton/v1/admin.grpc.pb.h"
 #include "common/init.h"
-#include "common/tls_flags.h"
+#include "common/token_flag.h"
 #include "gflags/gflags.h"
 #include "tools/batonctl/timeline.h"
 #include "tools/batonctl/timeline_svg.h"
@@ -45,6 +51,8 @@ DEFINE_string(steps, "", "timeline: the steps FIRST:LAST (inclusive)");
 DEFINE_string(output, "",
               "timeline: the Chrome trace / Perfetto JSON file to write (-o)");
 DEFINE_string(svg, "", "timeline: an SVG picture of the steps to write");
+DEFINE_string(job, "", "cancel: the job to end as failed");
+DEFINE_string(reason, "", "cancel: why, recorded in the job's failure reason");
 
 namespace baton::batonctl {
 namespace {
@@ -53,7 +61,8 @@ constexpr char kUsage[] =
     "batonctl [--coordinator HOST:PORT] [--json] [--timeout_ms N] COMMAND: "
     "status [JOB] | jobs | members JOB | tensors JOB | events JOB | "
     "watch [JOB] [--interval_ms N] | "
-    "timeline JOB --steps A:B [-o trace.json] [--svg out.svg]";
+    "timeline JOB --steps A:B [-o trace.json] [--svg out.svg] | "
+    "cancel --job JOB [--reason TEXT]";
 
 constexpr int kUsageError = 2;
 
@@ -190,6 +199,34 @@ int Watch(StatusClient& client, const std::string& job,
   }
 }
 
+// `cancel`: ends --job as failed through the Admin service.
+int Cancel(const std::string& address,
+           std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  std::unique_ptr<v1::Admin::Stub> admin =
+      v1::Admin::NewStub(grpc::CreateChannel(address, std::move(credentials)));
+  const absl::Duration timeout = absl::Milliseconds(FLAGS_timeout_ms);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::CancelJobRequest request;
+  request.set_job(FLAGS_job);
+  request.set_reason(FLAGS_reason);
+  v1::CancelJobResponse response;
+  const grpc::Status status = admin->CancelJob(&context, request, &response);
+  if (!status.ok()) {
+    return Fail(
+        DescribeRpcError(address, "CancelJob", FLAGS_job, timeout, status));
+  }
+  if (FLAGS_json) {
+    absl::StatusOr<std::string> json = ToJson(response, /*multiline=*/true);
+    if (!json.ok()) return Fail(json.status());
+    std::fputs(json->c_str(), stdout);
+    return 0;
+  }
+  std::printf("job \"%s\" failed: %s\n", FLAGS_job.c_str(),
+              response.state_reason().c_str());
+  return 0;
+}
+
 // Commands that take a job, and whether they require it.
 struct CommandSpec {
   const char* name;
@@ -197,9 +234,9 @@ struct CommandSpec {
   bool needs_job;
 };
 constexpr CommandSpec kCommands[] = {
-    {"status", true, false},  {"jobs", false, false}, {"members", true, true},
-    {"tensors", true, true},  {"events", true, true}, {"watch", true, false},
-    {"timeline", true, true},
+    {"status", true, false},  {"jobs", false, false},   {"members", true, true},
+    {"tensors", true, true},  {"events", true, true},   {"watch", true, false},
+    {"timeline", true, true}, {"cancel", false, false},
 };
 
 int Run(const std::vector<std::string>& words) {
@@ -232,6 +269,9 @@ int Run(const std::vector<std::string>& words) {
         absl::StrFormat("--timeout_ms=%d and --interval_ms=%d must be positive",
                         FLAGS_timeout_ms, FLAGS_interval_ms));
   }
+  if (command == "cancel" && FLAGS_job.empty()) {
+    return UsageError("cancel needs a job: batonctl cancel --job JOB");
+  }
   StepRange steps;
   if (command == "timeline") {
     if (FLAGS_steps.empty()) {
@@ -252,12 +292,14 @@ int Run(const std::vector<std::string>& words) {
   sigemptyset(&signals);
   if (command == "watch") signals = BlockShutdownSignals();
 
-  const TlsFiles tls = TlsFilesFromFlags();
-  if (absl::Status checked = CheckTlsFiles(tls); !checked.ok()) {
-    return UsageError(std::string(checked.message()));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ClientCredentialsFromFlags();
+  if (!credentials.ok()) {
+    return UsageError(std::string(credentials.status().message()));
   }
+  if (command == "cancel") return Cancel(FLAGS_coordinator, *credentials);
   StatusClient client(FLAGS_coordinator, absl::Milliseconds(FLAGS_timeout_ms),
-                      ChannelCredentials(tls));
+                      *credentials);
   const Output output = FLAGS_json ? Output::kJson : Output::kText;
   const absl::Time now = absl::Now();
   absl::StatusOr<std::string> text;

@@ -63,7 +63,7 @@
 #include "absl/time/time.h"
 #include "baton/status_client.h"
 #include "common/init.h"
-#include "common/tls_flags.h"
+#include "common/token_flag.h"
 #include "gflags/gflags.h"
 #include "tools/batonrun/child.h"
 #include "tools/batonrun/console.h"
@@ -267,6 +267,13 @@ NodeSupervisor::Options Launcher::NodeOptions(
   o.stop_grace = std::chrono::milliseconds(FLAGS_stop_grace_ms);
   o.coordinator = embedded_ ? coordinator_ : FLAGS_coordinator;
   o.embedded = embedded_;
+  if (!embedded_) {
+    // Checked at start; should the token file go away since, the calls
+    // fail with what the coordinator says.
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        ClientCredentialsFromFlags();
+    if (credentials.ok()) o.credentials = *std::move(credentials);
+  }
   o.dir = dir_;
   o.agent_binary = SelfDir() + "/baton-agent";
   o.agent_flags = SplitFlags(FLAGS_agent_flags);
@@ -454,14 +461,17 @@ int main(int argc, char** argv) {
   if (FLAGS_coordinator.empty()) {
     // The embedded cluster is plaintext on loopback: TLS settings meant for
     // a real cluster must not reach its coordinator and agents.
-    for (const char* name : {"BATON_TLS_CERT", "BATON_TLS_KEY", "BATON_TLS_CA",
-                             "BATON_TLS_REFRESH_S", "BATON_INSECURE"}) {
+    // So must a token: the embedded coordinator takes none.
+    for (const char* name :
+         {"BATON_TLS_CERT", "BATON_TLS_KEY", "BATON_TLS_CA",
+          "BATON_TLS_REFRESH_S", "BATON_INSECURE", "BATON_TOKEN_FILE"}) {
       unsetenv(name);
     }
-  } else if (absl::Status tls =
-                 baton::CheckTlsFiles(baton::TlsFilesFromFlags());
-             !tls.ok()) {
-    std::fprintf(stderr, "batonrun: %s\n", std::string(tls.message()).c_str());
+  } else if (const absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+                 credentials = baton::ClientCredentialsFromFlags();
+             !credentials.ok()) {
+    std::fprintf(stderr, "batonrun: %s\n",
+                 std::string(credentials.status().message()).c_str());
     return 2;
   }
   // Signals go to a thread that records them; the main loop forwards.

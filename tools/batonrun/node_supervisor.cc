@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "common/tls_flags.h"
 #include "tools/batonrun/console.h"
 
 namespace baton::batonrun {
@@ -307,7 +306,7 @@ StatusClient& NodeSupervisor::Coordinator() {
     // embedded one is plaintext on loopback.
     status_ = std::make_unique<StatusClient>(
         options_.coordinator, absl::Seconds(2),
-        options_.embedded ? nullptr : ChannelCredentials(TlsFilesFromFlags()));
+        options_.embedded ? nullptr : options_.credentials);
   }
   return *status_;
 }

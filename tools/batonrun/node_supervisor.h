@@ -52,6 +52,9 @@ class NodeSupervisor {
     // The coordinator's address, for the agents and trainers
     // (BATON_COORDINATOR) and for the restarts' membership checks.
     std::string coordinator;
+    // How to reach it (--tls_*, --token_file); null: plaintext, as the
+    // embedded cluster is.
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
     // An embedded cluster: the nodes' agent sockets and logs are in `dir`,
     // the agents are `agent_binary` with `agent_flags`. Otherwise the one
     // node's trainers use the agent at `socket`.

@@ -19,6 +19,11 @@ namespace baton {
 // the last steps of a job show up a moment after they ran. When `wait`
 // passes first, returns the last status received. The error of a failed
 // call names the coordinator and the job.
+//
+// TLS and the bearer token come from the environment, as batonrun and the
+// agents pass them on: BATON_TLS_CERT, BATON_TLS_KEY, BATON_TLS_CA and
+// BATON_TOKEN_FILE (ClientCredentialsFromEnvironment in
+// common/client_credentials.h); INVALID_ARGUMENT when they are unusable.
 absl::StatusOr<v1::JobStatus> FetchJobStatus(
     const std::string& address, const std::string& job,
     int64_t min_global_step = -1,
