@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "baton/job_status.h"
 #include "baton/status_client.h"
 #include "baton/v1/coordinator.grpc.pb.h"
 #include "common/client_credentials.h"
@@ -31,6 +33,9 @@
 
 #ifndef BATONCTL_BIN
 #error "BATONCTL_BIN must name the batonctl binary"
+#endif
+#ifndef BATONRUN_BIN
+#error "BATONRUN_BIN must name the batonrun binary"
 #endif
 #ifndef BATON_MAKE_TEST_CERTS
 #error "BATON_MAKE_TEST_CERTS must name tools/dev/make-test-certs"
@@ -205,6 +210,52 @@ TEST_F(TokenTest, AReadTokenReadsStatusAndOthersAreRefused) {
   EXPECT_THAT(log, Not(HasSubstr("wrong-0123456789")));
 }
 
+// Tokens rotate without a restart: a token added to the file is accepted
+// within --tls_refresh_s (1 s here), one removed is refused, and a file
+// that no longer parses leaves the tokens in force.
+TEST_F(TokenTest, TheTokensFileIsReadAgainWhenItChanges) {
+  LocalCluster cluster;
+  StartCluster(cluster, 1);
+  Write(dir_ + "/new.token", "new-0123456789abcdef0123\n");
+  const Ended before = Batonctl(cluster, "new", {"jobs"});
+  EXPECT_EQ(before.exit.exit_code, 1) << before.err;
+
+  // Until batonctl with `token` succeeds or not, at most 20 s.
+  const auto await = [&](const std::string& token, bool ok) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    Ended run;
+    do {
+      run = Batonctl(cluster, token, {"jobs"});
+      if (run.exit.ok() == ok) return;
+      absl::SleepFor(absl::Milliseconds(300));
+    } while (absl::Now() < deadline);
+    ADD_FAILURE() << token << " still " << (ok ? "refused" : "accepted")
+                  << " 20 s after the change: " << run.err;
+  };
+  const std::string next = Tokens() + ".next";
+  Write(next, absl::StrCat("admin ops ", kAdminToken,
+                           "\nread newcomer new-0123456789abcdef0123\n"));
+  ASSERT_EQ(std::rename(next.c_str(), Tokens().c_str()), 0);
+  await("new", true);
+  await("read", false);
+
+  Write(next, "read broken\n");
+  ASSERT_EQ(std::rename(next.c_str(), Tokens().c_str()), 0);
+  // The file is read again on a call with a token: call until the
+  // coordinator logged that it kept the tokens it had, at most 20 s.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::string log;
+  do {
+    const Ended kept = Batonctl(cluster, "new", {"jobs"});
+    EXPECT_TRUE(kept.exit.ok()) << kept.err;
+    log = ReadFile(CoordinatorLog());
+  } while (!absl::StrContains(log, "keeping the 2 tokens loaded before") &&
+           absl::Now() < deadline);
+  EXPECT_THAT(log, HasSubstr("keeping the 2 tokens loaded before: "
+                             "--tokens_file "));
+  EXPECT_THAT(log, HasSubstr("line 1 has 2 words"));
+}
+
 // An agent that presents only a token (no certificate) cannot open an
 // AgentSession: the store and sessions need a node's certificate.
 TEST_F(TokenTest, AnAgentWithOnlyATokenCannotOpenASession) {
@@ -293,8 +344,46 @@ TEST_F(TokenTest, AnAdminTokenCancelsARunningJob) {
   EXPECT_THAT(unknown.err, HasSubstr("\"nosuch\" is unknown"));
 }
 
+// FetchJobStatus (Python's job_status_text) takes TLS and the token from
+// the environment, as a trainer started by batonrun --coordinator has them.
+TEST_F(TokenTest, FetchJobStatusUsesTheEnvironmentsTlsAndToken) {
+  LocalCluster cluster;
+  StartCluster(cluster, 1);
+  ASSERT_TRUE(cluster
+                  .StartTrainers("fetched", {1},
+                                 {"--scenario=loop", "--count=64", "--steps=20",
+                                  "--step_sleep_ms=10"})
+                  .ok());
+  ASSERT_NO_FATAL_FAILURE(AwaitState(cluster, "fetched", "JOB_STATE_"));
+  const std::string address = cluster.coordinator().address();
+
+  // Plaintext to a TLS coordinator: refused at the handshake.
+  const absl::StatusOr<v1::JobStatus> plaintext =
+      FetchJobStatus(address, "fetched");
+  EXPECT_FALSE(plaintext.ok());
+
+  setenv("BATON_TLS_CA", Ca().c_str(), 1);
+  setenv("BATON_TOKEN_FILE", TokenFile("read").c_str(), 1);
+  const absl::StatusOr<v1::JobStatus> fetched =
+      FetchJobStatus(address, "fetched");
+  EXPECT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched.ok() ? fetched->job() : "", "fetched");
+
+  setenv("BATON_TOKEN_FILE", TokenFile("empty").c_str(), 1);
+  const absl::StatusOr<v1::JobStatus> empty =
+      FetchJobStatus(address, "fetched");
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      empty.status().message(),
+      HasSubstr("BATON_TOKEN_FILE " + TokenFile("empty") + " is empty"));
+  unsetenv("BATON_TLS_CA");
+  unsetenv("BATON_TOKEN_FILE");
+  cluster.WaitTrainers(absl::Minutes(1));
+}
+
 // Token files that are empty or unusable stop the process at start, with
-// one line: batonctl's --token_file, and the coordinator's --tokens_file.
+// one line: batonctl's and batonrun's --token_file, and the coordinator's
+// --tokens_file.
 TEST_F(TokenTest, UnusableTokenFilesAreStartupErrors) {
   const Ended empty =
       RunToEnd(BATONCTL_BIN, {"--coordinator=127.0.0.1:1", "--tls_ca=" + Ca(),
@@ -308,6 +397,13 @@ TEST_F(TokenTest, UnusableTokenFilesAreStartupErrors) {
                               "--token_file=" + TokenFile("read"), "jobs"});
   EXPECT_EQ(plaintext.exit.exit_code, 2);
   EXPECT_THAT(plaintext.err, HasSubstr("needs TLS"));
+
+  const Ended batonrun = RunToEnd(
+      BATONRUN_BIN, {"--coordinator=127.0.0.1:1", "--tls_ca=" + Ca(),
+                     "--token_file=" + TokenFile("empty"), "--", "true"});
+  EXPECT_EQ(batonrun.exit.exit_code, 2);
+  EXPECT_THAT(batonrun.err, HasSubstr("batonrun: --token_file " +
+                                      TokenFile("empty") + " is empty"));
 
   const std::string coordinator = CoordinatorProcess::BinaryPath();
   std::vector<std::string> tls = TlsFlags(Cert("coordinator"), Ca());
