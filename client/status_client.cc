@@ -88,7 +88,8 @@ absl::Status DescribeRpcError(const std::string& address, const char* method,
               "--coordinator or BATON_COORDINATOR names its address",
               handshake
                   ? "; if it runs with TLS, give --tls_cert, --tls_key and "
-                    "--tls_ca (a certificate its CA signed, and that CA)"
+                    "--tls_ca (a certificate its CA signed, and that CA), or "
+                    "--tls_ca and --token_file (a token it lists)"
                   : ""));
     }
     case absl::StatusCode::kNotFound:

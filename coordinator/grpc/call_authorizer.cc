@@ -145,11 +145,13 @@ grpc::Status CallAuthorizer::Process(const InputMetadata& auth_metadata,
     }
   }
   PresentedToken token = PresentedToken::kNone;
+  // Holds the table `entry` points into, should a reload replace it.
+  std::shared_ptr<const TokenTable> tokens;
   const TokenTable::Entry* entry = nullptr;
   if (has_authorization) {
     token = PresentedToken::kUnknown;
     constexpr absl::string_view kBearer = "Bearer ";
-    const std::shared_ptr<const TokenTable> tokens = CurrentTokens();
+    tokens = CurrentTokens();
     if (absl::StartsWith(authorization, kBearer)) {
       entry =
           tokens->Find(absl::string_view(authorization).substr(kBearer.size()));

@@ -55,7 +55,9 @@ absl::Status AuthorizeCall(absl::string_view method, bool verified_certificate,
 // most every `refresh` (--tls_refresh_s): a file that no longer parses is
 // logged and the tokens already loaded stay in force.
 //
-// Thread-safe: Process runs on gRPC's threads, without blocking.
+// Thread-safe: Process runs inline on gRPC's threads (IsBlocking false):
+// it waits on nothing but a stat of the tokens file at most every
+// `refresh`, and reading the (small) file when it changed.
 class CallAuthorizer final : public grpc::AuthMetadataProcessor {
  public:
   static constexpr absl::Duration kLogInterval = absl::Seconds(10);
