@@ -109,8 +109,18 @@ ClientCredentialsFromEnvironment() {
     return absl::InvalidArgumentError(absl::StrCat(
         "BATON_TLS_REFRESH_S=", refresh, " is not a number of seconds"));
   }
-  return ClientChannelCredentials(tls, Environment("BATON_TOKEN_FILE"),
-                                  "BATON_TOKEN_FILE");
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ClientChannelCredentials(tls, Environment("BATON_TOKEN_FILE"),
+                               "BATON_TOKEN_FILE");
+  if (!credentials.ok()) {
+    // The messages name flags; here they came from the environment.
+    return absl::Status(
+        credentials.status().code(),
+        absl::StrCat("from the environment (BATON_TLS_CERT, BATON_TLS_KEY, "
+                     "BATON_TLS_CA for the flags named, BATON_TOKEN_FILE): ",
+                     credentials.status().message()));
+  }
+  return credentials;
 }
 
 }  // namespace baton
