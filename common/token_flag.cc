@@ -16,6 +16,4 @@ ClientCredentialsFromFlags() {
   return ClientChannelCredentials(TlsFilesFromFlags(), FLAGS_token_file);
 }
 
-bool TokenFileGiven() { return !FLAGS_token_file.empty(); }
-
 }  // namespace baton

@@ -15,7 +15,4 @@ namespace baton {
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
 ClientCredentialsFromFlags();
 
-// Whether --token_file was given.
-bool TokenFileGiven();
-
 }  // namespace baton
