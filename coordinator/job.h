@@ -73,6 +73,8 @@ struct JobManager::Job {
   // Who created the job, for error messages about disagreeing joins.
   std::string creator;
   absl::Time created;
+  // Rebuilt from an agent's report after a coordinator restart (Rejoin).
+  bool recovered = false;
   absl::Time ended;
   absl::Time reform_deadline;
   // Sealed members in node-rank order, then newcomers in join order.

@@ -291,6 +291,7 @@ void JobManager::Seal(Job& job) {
       absl::StrCat("baton/", job.name, "/", job.generation, "/"));
   // A new one per generation: a node that left cannot prove the next one's.
   membership.set_data_plane_secret(secrets_->Draw(kDataPlaneSecretBytes));
+  membership.set_sealed_unix_ms(absl::ToUnixMillis(clock_->Now()));
   int32_t offset = 0;
   for (size_t i = 0; i < job.members.size(); ++i) {
     Member& member = job.members[i];

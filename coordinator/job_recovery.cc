@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/log_context.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
@@ -87,6 +88,29 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
   }
 
   Job* job = FindJob(m.job());
+  if (job != nullptr && job->recovered && !Ended(job->state) &&
+      m.generation() == job->generation &&
+      m.data_plane_secret() != job->membership.data_plane_secret() &&
+      m.sealed_unix_ms() > job->membership.sealed_unix_ms()) {
+    // Two runs of this job name report the same generation: the coordinator
+    // forgot the name's last generation when it restarted, and a new run
+    // counted from 1 again. The one rebuilt first was sealed earlier: it is
+    // a run that ended while its members could not hear it. Tell them, and
+    // rebuild the live run from this report.
+    const std::string reason = absl::StrCat(
+        "this run of job \"", job->name, "\" (generation ", job->generation,
+        ", sealed at ",
+        absl::FormatTime(absl::FromUnixMillis(job->membership.sealed_unix_ms()),
+                         absl::UTCTimeZone()),
+        ") ended before the coordinator restarted: node ", session.node_name,
+        " reported a run of the same name sealed later");
+    LOG(WARNING) << LogPrefix({job->name, job->generation, session.node_name})
+                 << reason;
+    EndJob(*job, v1::JOB_STATE_FAILED, reason);
+    jobs_.erase(m.job());
+    listener_->OnJobRemoved(m.job());
+    job = nullptr;
+  }
   const bool created = job == nullptr;
   if (created) {
     // Recovery: the coordinator restarted and knows nothing of this job.
@@ -100,6 +124,7 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
                   rejoin.min_nodes(), rejoin.partition_bytes(),
                   session.node_name);
     job->state = v1::JOB_STATE_RUNNING;
+    job->recovered = true;
     job->SetMembership(m);
     for (const v1::NodeInfo& node : m.nodes()) {
       Member member;
@@ -194,6 +219,8 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
   SendJoinAccepted(*job, session.id, seq);
   listener_->OnJobRecovered(job->membership, rejoin, session.node_name,
                             created);
+  // Joins held by a stale run that ended above, for the name's next run.
+  JoinReleased();
   return absl::OkStatus();
 }
 

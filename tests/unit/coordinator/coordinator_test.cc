@@ -561,6 +561,61 @@ TEST_F(CoordinatorTest, RestartRebuildsTheJobFromRejoiningAgents) {
   EXPECT_TRUE(set_status.ok()) << set_status;
 }
 
+// Found by coordinator_fuzz: a restarted coordinator forgets a job name's
+// last generation, so a new run of the name counts from 1 again. Node n0
+// ran "job" generation 1 and missed its end across a restart; n1 ran a
+// later "job", generation 1 too. After the next restart the later seal is
+// the live run, whichever node reports first: n0 hears that its run ended,
+// and n1 keeps training.
+TEST_F(CoordinatorTest, RecoveryKeepsTheLaterRunOfAJobName) {
+  for (const bool stale_first : {true, false}) {
+    SCOPED_TRACE(stale_first ? "the stale run reports first"
+                             : "the live run reports first");
+    Restart();
+    Agent old_a = Connect("n0");
+    Join(old_a, "job", 1, 1);
+    const v1::Membership stale =
+        old_a.Received(v1::CoordinatorMessage::kMembership)[0].membership();
+    Restart();  // n0 never reports again to this coordinator.
+    clock_.Advance(absl::Seconds(5));
+    Agent new_b = Connect("n1");
+    Join(new_b, "job", 1, 1);
+    const v1::Membership live =
+        new_b.Received(v1::CoordinatorMessage::kMembership)[0].membership();
+    ASSERT_EQ(live.generation(), stale.generation());
+    ASSERT_GT(live.sealed_unix_ms(), stale.sealed_unix_ms());
+    Restart();
+
+    Agent a = Connect("n0"), b = Connect("n1");
+    const auto rejoin = [&](Agent& agent, const v1::Membership& membership) {
+      v1::AgentMessage message;
+      *message.mutable_rejoin()->mutable_membership() = membership;
+      message.mutable_rejoin()->set_expected_nodes(1);
+      Send(agent, message);
+    };
+    if (stale_first) {
+      rejoin(a, stale);
+      rejoin(b, live);
+      const auto ended = a.Received(v1::CoordinatorMessage::kJobEnded);
+      ASSERT_THAT(ended, SizeIs(1));
+      EXPECT_THAT(ended[0].job_ended().reason(),
+                  HasSubstr("ended before the coordinator restarted"));
+    } else {
+      rejoin(b, live);
+      rejoin(a, stale);
+      EXPECT_THAT(a.LastError().message(),
+                  HasSubstr("another data-plane secret"));
+    }
+    EXPECT_THAT(b.Received(v1::CoordinatorMessage::kJobEnded), IsEmpty());
+    const v1::JobStatus status = Status("job");
+    EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
+    EXPECT_EQ(status.generation(), 1);
+    ASSERT_EQ(status.members_size(), 1);
+    EXPECT_EQ(status.members(0).node_name(), "n1");
+    EXPECT_TRUE(status.members(0).connected());
+  }
+}
+
 TEST_F(CoordinatorTest, MemberThatNeverRejoinsAfterRestartIsLost) {
   Agent a = Connect("n0"), b = Connect("n1");
   Join(a, "job", 1, 2);
