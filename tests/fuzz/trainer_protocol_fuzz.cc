@@ -19,7 +19,7 @@
 // rank's last one of it (the rest of the agent indexes by them); a drain pops
 // at most one ring's capacity per trainer, and nothing from a ring whose tail
 // is more than its capacity ahead of its head (no producer following the
-// protocol makes one).
+// protocol makes one), whose trainer's stream is closed instead.
 
 #include <unistd.h>
 
@@ -279,6 +279,18 @@ class Driver {
       if (!e.via_channel) Broken("an entry of a ring is not via_channel");
       Enqueue(rank, e);
     });
+    for (int32_t r = 0; r < trainers_->size(); ++r) {
+      const JobTrainers::Trainer& trainer = trainers_->trainer(r);
+      if (trainer.detached || trainer.mapping == nullptr ||
+          !trainer.mapping->channel->requests.Corrupt()) {
+        continue;
+      }
+      const auto* sink = dynamic_cast<const NullSink*>(trainer.sink.get());
+      if (sink == nullptr || !sink->closed) {
+        Broken(absl::StrCat("local rank ", r,
+                            "'s request ring is corrupt and its stream open"));
+      }
+    }
   }
 
   static inline int runs_ = 0;
