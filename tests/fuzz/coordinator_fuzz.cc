@@ -457,7 +457,9 @@ class Driver {
 
   // A new coordinator process: the agents that were connected reconnect
   // and rejoin every job from the membership they were last sent, the
-  // members of each job's current generation first.
+  // members of each job's current generation first (a stale rejoin that
+  // comes first rebuilds the stale generation: see "Not fixed" in
+  // docs/fuzzing.md).
   void Restart() {
     std::map<std::string, JobSnapshot> whole;
     const v1::ListJobsResponse jobs = coordinator_->ListJobs();
@@ -480,9 +482,17 @@ class Driver {
         for (auto& [job, view] : a.jobs) {
           if (!view.has_membership) continue;
           auto it = whole.find(job);
+          // A member of the job's current generation. Same generation is
+          // not enough: a restarted coordinator numbers a new run of a name
+          // from 1 again, so a node that missed the old run's end may hold
+          // another membership under the same generation (docs/fuzzing.md).
           const bool current =
               it != whole.end() &&
-              view.membership.generation() == it->second.generation;
+              view.membership.generation() == it->second.generation &&
+              std::any_of(it->second.members.begin(), it->second.members.end(),
+                          [&](const auto& m) {
+                            return std::get<0>(m) == a.agent.node;
+                          });
           if (current == (pass == 0)) Rejoin(a, view);
         }
       }
