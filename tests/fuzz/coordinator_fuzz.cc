@@ -125,7 +125,6 @@ class Driver {
   }
 
   void Run(FuzzInput& in) {
-    static const bool trace = std::getenv("BATON_FUZZ_TRACE") != nullptr;
     for (int n = 0; n < kMaxActions && !in.empty(); ++n) {
       clock_.Advance(absl::Milliseconds(1));
       const size_t start = in.pos();
@@ -135,7 +134,7 @@ class Driver {
       } else {
         Step(static_cast<Action>(op), in);
       }
-      if (trace) Trace(n, op, in, start);
+      if (trace_) Trace(n, op, in, start);
       Check();
     }
   }
@@ -498,6 +497,10 @@ class Driver {
       }
     }
     for (const auto& [job, before] : whole) {
+      if (trace_) {
+        std::fprintf(stderr, "restart: job %s generation %lld checked\n",
+                     job.c_str(), static_cast<long long>(before.generation));
+      }
       absl::StatusOr<v1::JobStatus> after = coordinator_->GetJob(job);
       if (!after.ok()) {
         Broken(absl::StrCat("job ", job, " generation ", before.generation,
@@ -717,6 +720,7 @@ class Driver {
     }
   }
 
+  const bool trace_ = std::getenv("BATON_FUZZ_TRACE") != nullptr;
   FakeClock clock_;
   CountingSecretSource secrets_;
   CoordinatorOptions options_;
