@@ -29,7 +29,7 @@
 #include "baton/v1/status.pb.h"
 #include "common/clock.h"
 #include "coordinator/coordinator.h"
-#include "google/protobuf/util/message_differencer.h"
+#include "tests/fuzz/coordinator_invariants.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/unit/coordinator/recording_agent.h"
 
@@ -37,7 +37,6 @@ namespace baton::coordinator {
 namespace {
 
 using fuzz::FuzzInput;
-using google::protobuf::util::MessageDifferencer;
 
 constexpr int kAgents = 8;
 constexpr int kJobs = 3;
@@ -100,19 +99,8 @@ struct FakeAgent {
 // A job as GetJob shows it, for the restart check.
 struct JobSnapshot {
   int64_t generation = 0;
-  std::vector<std::tuple<std::string, int32_t, int32_t, int32_t>> members;
+  std::vector<MemberTuple> members;
 };
-
-std::vector<std::tuple<std::string, int32_t, int32_t, int32_t>> Members(
-    const v1::JobStatus& status) {
-  std::vector<std::tuple<std::string, int32_t, int32_t, int32_t>> members;
-  for (const v1::MemberStatus& m : status.members()) {
-    members.emplace_back(m.node_name(), m.node_rank(), m.rank_offset(),
-                         m.local_size());
-  }
-  std::sort(members.begin(), members.end());
-  return members;
-}
 
 class Driver {
  public:
@@ -469,9 +457,7 @@ class Driver {
     }
     coordinator_.reset();
     coordinator_ = std::make_unique<Coordinator>(options_, &clock_, &secrets_);
-    sealed_.clear();
-    plans_.clear();
-    global_steps_.clear();
+    invariants_.NewProcess();
     for (FakeAgent& a : agents_) {
       if (a.connected) OpenSession(a);
     }
@@ -584,7 +570,7 @@ class Driver {
     }
     const v1::ListJobsResponse jobs = coordinator_->ListJobs();
     for (const v1::JobStatus& job : jobs.jobs()) {
-      CheckStatus(job);
+      invariants_.CheckStatus(job);
       coordinator_->GetTensors(job.job()).IgnoreError();
     }
   }
@@ -593,7 +579,7 @@ class Driver {
     switch (m.body_case()) {
       case v1::CoordinatorMessage::kMembership: {
         const v1::Membership& membership = m.membership();
-        CheckMembership(a, membership);
+        invariants_.CheckMembership(a.agent.node, membership);
         JobView& view = a.jobs[membership.job()];
         view.has_membership = true;
         view.membership = membership;
@@ -606,15 +592,7 @@ class Driver {
         break;
       case v1::CoordinatorMessage::kPlan: {
         const v1::TensorPlan& plan = m.plan();
-        const auto key =
-            std::make_tuple(plan.job(), plan.generation(), plan.version());
-        auto [it, fresh] = plans_.emplace(key, plan);
-        if (!fresh && !MessageDifferencer::Equals(it->second, plan)) {
-          Broken(absl::StrCat("two different plans of job ", plan.job(),
-                              " generation ", plan.generation(), " version ",
-                              plan.version(), ": ", it->second.DebugString(),
-                              " and ", plan.DebugString()));
-        }
+        invariants_.CheckPlan(plan);
         JobView& view = a.jobs[plan.job()];
         view.has_plan = true;
         view.plan = plan;
@@ -648,78 +626,6 @@ class Driver {
     }
   }
 
-  // One generation per membership; every member a distinct rank range in
-  // [0, world); sent only to members.
-  void CheckMembership(const FakeAgent& a, const v1::Membership& m) {
-    const std::string what =
-        absl::StrCat("job ", m.job(), " generation ", m.generation());
-    int32_t offset = 0;
-    bool lists_receiver = false;
-    std::set<std::string> names;
-    for (int i = 0; i < m.nodes_size(); ++i) {
-      const v1::NodeInfo& node = m.nodes(i);
-      if (node.node_rank() != i || node.rank_offset() != offset ||
-          node.local_size() < 1 || !names.insert(node.node_name()).second) {
-        Broken(absl::StrCat(what, " gives node ", node.node_name(), " rank ",
-                            node.node_rank(), " offset ", node.rank_offset(),
-                            " local size ", node.local_size(), " at index ", i,
-                            " (ranks must be distinct and in order)"));
-      }
-      offset += node.local_size();
-      lists_receiver = lists_receiver || node.node_name() == a.agent.node;
-    }
-    if (offset != m.world_size()) {
-      Broken(absl::StrCat(what, " has world size ", m.world_size(),
-                          " but its nodes hold ", offset, " ranks"));
-    }
-    if (!lists_receiver) {
-      Broken(absl::StrCat(what, " was sent to ", a.agent.node,
-                          ", which it does not list"));
-    }
-    auto [it, fresh] =
-        sealed_.emplace(std::make_pair(m.job(), m.generation()), m);
-    if (!fresh && !MessageDifferencer::Equals(it->second, m)) {
-      Broken(absl::StrCat(what, " was sealed twice, differently: ",
-                          it->second.DebugString(), " and ", m.DebugString()));
-    }
-  }
-
-  // The global step never decreases within one run of a job; a running
-  // job's members are the membership sealed for its generation.
-  void CheckStatus(const v1::JobStatus& job) {
-    int64_t& step =
-        global_steps_
-            .emplace(std::make_pair(job.job(), job.created_unix_ms()), -1)
-            .first->second;
-    if (job.global_step() < step) {
-      Broken(absl::StrCat("job ", job.job(), "'s global step went from ", step,
-                          " to ", job.global_step()));
-    }
-    step = job.global_step();
-    if (job.state() != v1::JOB_STATE_RUNNING) return;
-    auto it = sealed_.find(std::make_pair(job.job(), job.generation()));
-    if (it == sealed_.end()) return;  // recovered, not sealed by this process
-    const v1::Membership& m = it->second;
-    std::vector<std::tuple<std::string, int32_t, int32_t, int32_t>> sealed;
-    for (const v1::NodeInfo& node : m.nodes()) {
-      sealed.emplace_back(node.node_name(), node.node_rank(),
-                          node.rank_offset(), node.local_size());
-    }
-    std::sort(sealed.begin(), sealed.end());
-    // Members that left finished are gone from the list while the others
-    // finish; nobody else may appear.
-    const auto members = Members(job);
-    if (!std::includes(sealed.begin(), sealed.end(), members.begin(),
-                       members.end()) ||
-        job.world_size() != m.world_size()) {
-      Broken(absl::StrCat("job ", job.job(), " runs generation ",
-                          job.generation(),
-                          " but its status lists other members than were "
-                          "sealed: ",
-                          job.DebugString(), " vs ", m.DebugString()));
-    }
-  }
-
   const bool trace_ = std::getenv("BATON_FUZZ_TRACE") != nullptr;
   FakeClock clock_;
   CountingSecretSource secrets_;
@@ -729,12 +635,7 @@ class Driver {
   uint64_t next_session_ = 1;
   int instances_ = 0;
 
-  // Per coordinator process (a restarted one seals anew).
-  std::map<std::pair<std::string, int64_t>, v1::Membership> sealed_;
-  std::map<std::tuple<std::string, int64_t, int64_t>, v1::TensorPlan> plans_;
-  // Per run of a job (its creation time tells runs apart: every action
-  // advances the clock).
-  std::map<std::pair<std::string, int64_t>, int64_t> global_steps_;
+  CoordinatorInvariants invariants_;
 };
 
 }  // namespace
