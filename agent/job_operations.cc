@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "agent/enqueue_validation.h"
 #include "agent/scheduler/negotiation.h"
 
 namespace baton::agent {
@@ -46,62 +47,20 @@ void JobOperations::TensorsDeclared() {
 
 absl::Status JobOperations::ValidateEnqueue(int32_t rank,
                                             const TensorEnqueue& e) const {
-  const int32_t declared = trainers_.trainer(rank).declared;
-  if (e.index < 0 || e.index >= declared) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "EnqueueRequest.index is ", e.index, "; local rank ", rank,
-        " declared ", declared, " tensors (0..", declared - 1, ")"));
-  }
-  const LocalTensor& tensor = trainers_.tensor(e.index);
-  const std::string named = absl::StrCat("tensor \"", tensor.spec.name(), "\"");
-  if (!tensor.mismatch.ok()) return tensor.mismatch;
-  if (e.generation < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("EnqueueRequest.generation is ", e.generation, " for ",
-                     named, "; give 0 (no fence) or the generation synced in"));
-  }
-  if (e.step < 0 || e.step > Negotiation::kMaxStep) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("EnqueueRequest.step is ", e.step, " for ", named,
-                     "; give a step in 0..", Negotiation::kMaxStep));
-  }
-  if (e.step <= tensor.last_step[rank]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "EnqueueRequest.step is ", e.step, " for ", named, " but local rank ",
-        rank, " already enqueued step ", tensor.last_step[rank],
-        "; steps of a tensor must increase"));
-  }
-  const uint64_t current = op_of_tensor_[e.index];
+  WaitingEnqueue waiting;
+  const uint64_t current =
+      e.index >= 0 && static_cast<size_t>(e.index) < op_of_tensor_.size()
+          ? op_of_tensor_[e.index]
+          : 0;
   if (current != 0) {
     const PendingOp& pending = ops_.at(current);
-    if (pending.ranks[rank].present) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          named, " step ", pending.step, " of local rank ", rank,
-          " has not completed; wait for it before enqueueing step ", e.step));
-    }
-    if (pending.step != e.step) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("local rank ", rank, " enqueued step ", e.step, " of ",
-                       named, " while the other local ranks enqueued step ",
-                       pending.step, "; every rank must run the same steps"));
-    }
+    waiting.step = pending.step;
+    waiting.rank_present = pending.ranks[rank].present;
   }
-  if (tensor.spec.op() == v1::COLLECTIVE_OP_BROADCAST) {
-    if (e.average) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "EnqueueRequest.average is set for ", named,
-          ", which was declared BROADCAST; average applies to PUSH_PULL"));
-    }
-    const int32_t world =
-        membership_.membership() ? membership_.membership()->world_size() : 0;
-    if (e.root_rank < 0 || (world > 0 && e.root_rank >= world) ||
-        e.root_rank > Negotiation::kMaxRootRank) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("EnqueueRequest.root_rank is ", e.root_rank, " for ",
-                       named, "; give a global rank in 0..", world - 1));
-    }
-  }
-  return absl::OkStatus();
+  const int32_t world =
+      membership_.membership() ? membership_.membership()->world_size() : 0;
+  return agent::ValidateEnqueue(trainers_, rank, e,
+                                current != 0 ? &waiting : nullptr, world);
 }
 
 void JobOperations::FailOp(int32_t rank, const TensorEnqueue& enqueue,

@@ -146,6 +146,8 @@ class JobOperations {
     const std::string* tensor = nullptr;
   };
 
+  // agent::ValidateEnqueue with the tensor's waiting operation and the
+  // generation's world size.
   absl::Status ValidateEnqueue(int32_t rank, const TensorEnqueue& e) const;
   void MakeReady(PendingOp& pending);
   void TrySubmit(PendingOp& pending) ABSL_LOCKS_EXCLUDED(deliveries_mu_);

@@ -396,9 +396,25 @@ bool JobTrainers::DrainChannels(
   for (size_t r = 0; r < trainers_.size(); ++r) {
     Trainer& trainer = trainers_[r];
     if (trainer.mapping == nullptr || trainer.detached) continue;
+    ChannelRing& requests = trainer.mapping->channel->requests;
+    if (requests.Corrupt()) {
+      // The trainer wrote the ring's head or tail (the memory is its too):
+      // its session ends, once, and the job hears of a lost trainer.
+      if (!trainer.ring_refused) {
+        trainer.ring_refused = true;
+        const absl::Status status = absl::InvalidArgumentError(absl::StrCat(
+            "local rank ", r, " of job \"", job_, "\": its request ring holds ",
+            requests.Size(), " entries by its head and tail, more than its ",
+            ChannelRing::kCapacity,
+            " slots; the trainer wrote the ring's head or tail, which only "
+            "the baton client may move: its session ends"));
+        LOG(WARNING) << log_prefix_ << status.message();
+        trainer.sink->Close(status);
+      }
+      continue;
+    }
     ChannelEntry entry;
-    for (uint64_t n = 0; n < ChannelRing::kCapacity &&
-                         trainer.mapping->channel->requests.Pop(&entry);
+    for (uint64_t n = 0; n < ChannelRing::kCapacity && requests.Pop(&entry);
          ++n) {
       any = true;
       enqueue(static_cast<int32_t>(r), TensorEnqueue::FromChannel(entry));

@@ -39,6 +39,9 @@ class JobTrainers {
     // The shared-memory fast path of its enqueues and completions (null:
     // everything over the stream).
     std::shared_ptr<ChannelMapping> mapping;
+    // Its request ring was found corrupt (ChannelRing::Corrupt) and its
+    // stream closed: the ring is not drained again.
+    bool ring_refused = false;
     // The GPU of its CUDA tensors (index into the agent's devices); -1
     // before its first CUDA declaration.
     int cuda_device = -1;
@@ -84,7 +87,8 @@ class JobTrainers {
 
   // Drains every trainer's request ring into `enqueue` (local rank, the
   // enqueue); true when it found any. Bounded: a trainer that keeps pushing
-  // cannot starve the others.
+  // cannot starve the others. A corrupt ring (ChannelRing::Corrupt) gives
+  // nothing: that trainer's stream is closed with INVALID_ARGUMENT.
   bool DrainChannels(
       absl::FunctionRef<void(int32_t rank, const TensorEnqueue& enqueue)>
           enqueue);

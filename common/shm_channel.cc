@@ -54,7 +54,9 @@ bool ChannelRing::Push(const ChannelEntry& entry) {
 
 bool ChannelRing::Pop(ChannelEntry* entry) {
   const uint64_t head = head_.load(std::memory_order_relaxed);
-  if (head == tail_.load(std::memory_order_acquire)) return false;
+  const uint64_t tail = tail_.load(std::memory_order_acquire);
+  // tail - head > kCapacity: a corrupt ring (Corrupt()), nothing to take.
+  if (head == tail || tail - head > kCapacity) return false;
   *entry = entries_[head % kCapacity];
   head_.store(head + 1, std::memory_order_release);
   return true;

@@ -52,8 +52,19 @@ class ChannelRing {
 
   // Producer side: false when full.
   bool Push(const ChannelEntry& entry);
-  // Consumer side: false when empty.
+  // Consumer side: false when empty, and when Corrupt() (then nothing is
+  // popped: the slots past the capacity were never published).
   bool Pop(ChannelEntry* entry);
+  // The entries pushed and not popped: tail - head. Both live in memory the
+  // other process maps read-write, so this is what that process wrote, not
+  // necessarily at most kCapacity.
+  uint64_t Size() const {
+    return tail_.load(std::memory_order_acquire) -
+           head_.load(std::memory_order_acquire);
+  }
+  // Size() > kCapacity: no producer that follows the protocol makes this
+  // (Push refuses past kCapacity); the other process wrote head or tail.
+  bool Corrupt() const { return Size() > kCapacity; }
   bool Empty() const {
     return head_.load(std::memory_order_acquire) ==
            tail_.load(std::memory_order_acquire);

@@ -20,11 +20,10 @@
 #include <string_view>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "agent/transport/tcp_introduction.h"
+#include "agent/transport/tcp_publication.h"
 #include "agent/transport/tcp_socket.h"
 #include "glog/logging.h"
 
@@ -126,50 +125,6 @@ uint64_t NewLinkId() {
     id = (static_cast<uint64_t>(random()) << 32) ^ random();
   }
   return id;
-}
-
-// What a node publishes for a peer set: where it listens, and the links of
-// the last generation it kept (id and bytes it sent on each).
-struct Published {
-  std::string host;
-  int port = 0;
-  std::map<uint64_t, uint64_t> kept;
-};
-
-// "<host> <port>[ <id hex>:<sent>]...".
-std::string Publication(const std::string& host, int port,
-                        const std::vector<Link>& kept) {
-  std::string text = absl::StrCat(host, " ", port);
-  for (const Link& link : kept) {
-    absl::StrAppend(&text, " ", absl::Hex(link.id), ":", link.sent);
-  }
-  return text;
-}
-
-// INVALID_ARGUMENT quoting `text` when it is not a Publication.
-absl::StatusOr<Published> ParsePublication(const std::string& text,
-                                           const std::string& kind) {
-  const std::vector<std::string> parts = absl::StrSplit(text, ' ');
-  Published published;
-  bool valid = parts.size() >= 2 && !parts[0].empty() &&
-               absl::SimpleAtoi(parts[1], &published.port) &&
-               published.port > 0 && published.port <= 65535;
-  if (valid) published.host = parts[0];
-  for (size_t i = 2; valid && i < parts.size(); ++i) {
-    const std::vector<std::string> link = absl::StrSplit(parts[i], ':');
-    uint64_t id = 0;
-    uint64_t sent = 0;
-    valid = link.size() == 2 && absl::SimpleHexAtoi(link[0], &id) && id != 0 &&
-            absl::SimpleAtoi(link[1], &sent) &&
-            published.kept.emplace(id, sent).second;
-  }
-  if (!valid) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "published ", kind, " address \"", text,
-        "\" is not \"<host> <port>\" followed by \"<link id>:<bytes sent>\" "
-        "pairs (the nodes must run one build of baton)"));
-  }
-  return published;
 }
 
 // The links a connect took from the pool. Those it does not keep are closed

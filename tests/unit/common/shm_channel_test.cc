@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -228,6 +229,43 @@ TEST(ChannelRingTest, EmptyRingPopReturnsFalseAndLeavesTheEntryAlone) {
   EXPECT_FALSE(ring->Pop(&entry)) << "popped twice";
   EXPECT_TRUE(IsEntry(entry, 7, 42)) << Describe(entry);
   EXPECT_TRUE(ring->Empty());
+}
+
+// Regression (found by tests/fuzz/trainer_protocol_fuzz): head and tail live
+// in memory the trainer maps read-write. A tail written more than kCapacity
+// ahead of the head made Pop hand out slots nobody published, up to 2^64 of
+// them, kCapacity per drain, for as long as the job ran. Now such a ring is
+// Corrupt() and pops nothing; within the capacity it pops as before.
+TEST(ChannelRingTest, TailMoreThanCapacityAheadIsCorruptAndPopsNothing) {
+  auto ring = std::make_unique<ChannelRing>();
+  // The layout is the protocol between the processes: head, then tail, each
+  // on its own cache line. A trainer writes raw bytes; so does this test.
+  auto* raw = reinterpret_cast<unsigned char*>(ring.get());
+  const auto set = [raw](size_t offset, uint64_t value) {
+    std::memcpy(raw + offset, &value, sizeof value);
+  };
+  ASSERT_TRUE(ring->Push(Entry(5, 1)));
+  ChannelEntry entry = Entry(7, 42);
+  for (uint64_t tail : {uint64_t{kCapacity} + 1, uint64_t{1} << 40,
+                        std::numeric_limits<uint64_t>::max()}) {
+    set(64, tail);
+    EXPECT_EQ(ring->Size(), tail);
+    EXPECT_TRUE(ring->Corrupt()) << "tail " << tail;
+    EXPECT_FALSE(ring->Pop(&entry)) << "tail " << tail;
+    EXPECT_TRUE(IsEntry(entry, 7, 42)) << Describe(entry);
+  }
+  // A head moved past the tail is the same: tail - head wraps around.
+  set(0, 10);
+  set(64, 5);
+  EXPECT_TRUE(ring->Corrupt());
+  EXPECT_FALSE(ring->Pop(&entry));
+  // Exactly full is not corrupt.
+  set(0, 0);
+  set(64, kCapacity);
+  EXPECT_FALSE(ring->Corrupt());
+  ASSERT_TRUE(ring->Pop(&entry));
+  EXPECT_TRUE(IsEntry(entry, 5, 1)) << Describe(entry);
+  EXPECT_EQ(ring->Size(), uint64_t{kCapacity} - 1);
 }
 
 // The ring validates nothing: whatever a trainer writes reaches the agent

@@ -2,7 +2,9 @@
 
 // A Coordinator driven message by message on a FakeClock, with agents whose
 // channels record what the coordinator sent them: the fixture of the
-// coordinator's unit tests.
+// coordinator's unit tests. The recording agents themselves
+// (recording_agent.h) carry no gtest, so the coordinator's fuzzer
+// (tests/fuzz/coordinator_fuzz.cc) drives the coordinator with them too.
 
 #include <functional>
 #include <memory>
@@ -14,52 +16,9 @@
 #include "common/clock.h"
 #include "coordinator/coordinator.h"
 #include "gtest/gtest.h"
+#include "tests/unit/coordinator/recording_agent.h"
 
 namespace baton::coordinator {
-
-class RecordingChannel : public AgentChannel {
- public:
-  void Send(OutboundMessage message) override {
-    if (!closed) messages.push_back(message->message());
-  }
-  void Close(const absl::Status& status) override {
-    if (closed) return;
-    closed = true;
-    close_status = status;
-  }
-
-  std::vector<v1::CoordinatorMessage> messages;
-  bool closed = false;
-  absl::Status close_status;
-};
-
-// The membership's node names, in rank order.
-inline std::vector<std::string> NodeNames(const v1::Membership& membership) {
-  std::vector<std::string> names;
-  for (const auto& node : membership.nodes()) names.push_back(node.node_name());
-  return names;
-}
-
-struct Agent {
-  std::string node;
-  SessionId id;
-  std::shared_ptr<RecordingChannel> channel;
-  uint64_t seq = 0;
-
-  // Messages of one kind, in arrival order.
-  std::vector<v1::CoordinatorMessage> Received(
-      v1::CoordinatorMessage::BodyCase kind) const {
-    std::vector<v1::CoordinatorMessage> out;
-    for (const auto& m : channel->messages) {
-      if (m.body_case() == kind) out.push_back(m);
-    }
-    return out;
-  }
-  v1::Error LastError() const {
-    auto errors = Received(v1::CoordinatorMessage::kError);
-    return errors.empty() ? v1::Error() : errors.back().error();
-  }
-};
 
 class CoordinatorTest : public ::testing::Test {
  protected:
