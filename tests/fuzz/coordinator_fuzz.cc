@@ -383,12 +383,15 @@ class Driver {
     scope.set_generation(in.Bit() && it != a.jobs.end() ? it->second.generation
                                                         : in.Int(1));
     const std::string key = absl::StrCat("k", in.Below(4));
+    // With TLS the caller's certificate names its node; without, nothing.
+    const PeerIdentity caller =
+        in.Bit() ? PeerIdentity{true, {a.agent.node}} : PeerIdentity{};
     if (kind == 0) {
       v1::StoreSetRequest request;
       *request.mutable_scope() = scope;
       request.set_key(key);
       request.set_value(in.String(16));
-      coordinator_->StoreSet(request, [](absl::Status) {});
+      coordinator_->StoreSet(request, caller, [](absl::Status) {});
     } else if (kind == 1) {
       v1::StoreGetRequest request;
       *request.mutable_scope() = scope;
@@ -398,7 +401,8 @@ class Driver {
       }
       request.set_wait_timeout_ms(500 * in.Below(4));
       coordinator_->StoreGet(
-          request, [keys](absl::StatusOr<std::vector<std::string>> values) {
+          request, caller,
+          [keys](absl::StatusOr<std::vector<std::string>> values) {
             if (values.ok() && static_cast<int>(values->size()) != keys) {
               Broken(absl::StrCat("StoreGet of ", keys, " keys answered ",
                                   values->size(), " values"));
@@ -409,7 +413,7 @@ class Driver {
       *request.mutable_scope() = scope;
       request.set_key(key);
       request.set_delta(in.Int(1));
-      coordinator_->StoreAdd(request, [](absl::StatusOr<int64_t>) {});
+      coordinator_->StoreAdd(request, caller, [](absl::StatusOr<int64_t>) {});
     }
   }
 

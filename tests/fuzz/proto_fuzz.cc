@@ -68,7 +68,7 @@ class Fixture {
     set.mutable_scope()->set_generation(1);
     set.set_key("k");
     set.set_value("v");
-    coordinator_.StoreSet(set, [](absl::Status) {});
+    coordinator_.StoreSet(set, {}, [](absl::Status) {});
   }
 
   void Run(uint8_t type, const std::string& bytes) {
@@ -88,20 +88,20 @@ class Fixture {
       case kStoreSet: {
         v1::StoreSetRequest request;
         if (!request.ParseFromString(bytes)) return;
-        coordinator_.StoreSet(request, [](absl::Status) {});
+        coordinator_.StoreSet(request, {}, [](absl::Status) {});
         break;
       }
       case kStoreGet: {
         v1::StoreGetRequest request;
         if (!request.ParseFromString(bytes)) return;
-        coordinator_.StoreGet(request,
+        coordinator_.StoreGet(request, {},
                               [](absl::StatusOr<std::vector<std::string>>) {});
         break;
       }
       case kStoreAdd: {
         v1::StoreAddRequest request;
         if (!request.ParseFromString(bytes)) return;
-        coordinator_.StoreAdd(request, [](absl::StatusOr<int64_t>) {});
+        coordinator_.StoreAdd(request, {}, [](absl::StatusOr<int64_t>) {});
         break;
       }
       case kListJobs: {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -26,6 +27,25 @@ namespace baton {
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+ProgramRun RunToEnd(const std::string& binary,
+                    const std::vector<std::string>& args,
+                    absl::Duration timeout) {
+  char path[] = "/tmp/baton-run-to-end.XXXXXX";
+  close(mkstemp(path));
+  ChildProcess process;
+  ChildProcess::Options options;
+  options.argv = {binary};
+  options.argv.insert(options.argv.end(), args.begin(), args.end());
+  options.stderr_path = path;
+  EXPECT_TRUE(process.Start(options).ok());
+  ProgramRun run;
+  run.exit = process.Wait(timeout);
+  run.out = process.stdout_text();
+  run.err = ReadFile(path);
+  unlink(path);
+  return run;
 }
 
 namespace {

@@ -99,4 +99,16 @@ class ChildProcess {
   std::string stdout_text_;  // guarded by stdout_mu_
 };
 
+// A program run to its end: how it ended, its stdout and its stderr.
+struct ProgramRun {
+  ProcessExit exit;
+  std::string out;
+  std::string err;
+};
+
+// Runs `binary` with `args` to its end (killed after `timeout`).
+ProgramRun RunToEnd(const std::string& binary,
+                    const std::vector<std::string>& args,
+                    absl::Duration timeout = absl::Seconds(30));
+
 }  // namespace baton

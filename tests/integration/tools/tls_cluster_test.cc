@@ -49,30 +49,7 @@ std::vector<std::string> TlsFlags(const std::string& pem,
           "--tls_refresh_s=1"};
 }
 
-struct Ended {
-  ProcessExit exit;
-  std::string out;
-  std::string err;
-};
-
-// Runs `binary` with `args` to its end (at most 30 s).
-Ended RunToEnd(const std::string& binary,
-               const std::vector<std::string>& args) {
-  char path[] = "/tmp/tls-cluster-test.XXXXXX";
-  close(mkstemp(path));
-  ChildProcess process;
-  ChildProcess::Options options;
-  options.argv = {binary};
-  options.argv.insert(options.argv.end(), args.begin(), args.end());
-  options.stderr_path = path;
-  EXPECT_TRUE(process.Start(options).ok());
-  Ended run;
-  run.exit = process.Wait(absl::Seconds(30));
-  run.out = process.stdout_text();
-  run.err = ReadFile(path);
-  unlink(path);
-  return run;
-}
+using Ended = ProgramRun;
 
 class TlsClusterTest : public ::testing::Test {
  protected:

@@ -62,30 +62,7 @@ void Write(const std::string& path, const std::string& text) {
   ASSERT_TRUE(out.good()) << path;
 }
 
-struct Ended {
-  ProcessExit exit;
-  std::string out;
-  std::string err;
-};
-
-// Runs `binary` with `args` to its end (at most 30 s).
-Ended RunToEnd(const std::string& binary,
-               const std::vector<std::string>& args) {
-  char path[] = "/tmp/token-test.XXXXXX";
-  close(mkstemp(path));
-  ChildProcess process;
-  ChildProcess::Options options;
-  options.argv = {binary};
-  options.argv.insert(options.argv.end(), args.begin(), args.end());
-  options.stderr_path = path;
-  EXPECT_TRUE(process.Start(options).ok());
-  Ended run;
-  run.exit = process.Wait(absl::Seconds(30));
-  run.out = process.stdout_text();
-  run.err = ReadFile(path);
-  unlink(path);
-  return run;
-}
+using Ended = ProgramRun;
 
 class TokenTest : public ::testing::Test {
  protected:
