@@ -35,13 +35,14 @@ absl::StatusOr<Response> StatusClient::Call(const char* method,
 
 absl::StatusOr<v1::ListJobsResponse> StatusClient::ListJobs() {
   return Call<v1::ListJobsRequest, v1::ListJobsResponse>(
-      "ListJobs", "", v1::ListJobsRequest(), &v1::Status::Stub::ListJobs);
+      "Status/ListJobs", "", v1::ListJobsRequest(),
+      &v1::Status::Stub::ListJobs);
 }
 
 absl::StatusOr<v1::JobStatus> StatusClient::GetJob(const std::string& job) {
   v1::GetJobRequest request;
   request.set_job(job);
-  return Call<v1::GetJobRequest, v1::JobStatus>("GetJob", job, request,
+  return Call<v1::GetJobRequest, v1::JobStatus>("Status/GetJob", job, request,
                                                 &v1::Status::Stub::GetJob);
 }
 
@@ -50,13 +51,14 @@ absl::StatusOr<v1::TensorsStatus> StatusClient::GetTensors(
   v1::GetJobRequest request;
   request.set_job(job);
   return Call<v1::GetJobRequest, v1::TensorsStatus>(
-      "GetTensors", job, request, &v1::Status::Stub::GetTensors);
+      "Status/GetTensors", job, request, &v1::Status::Stub::GetTensors);
 }
 
 absl::StatusOr<v1::Timeline> StatusClient::GetTimeline(
     const v1::GetTimelineRequest& request) {
   return Call<v1::GetTimelineRequest, v1::Timeline>(
-      "GetTimeline", request.job(), request, &v1::Status::Stub::GetTimeline);
+      "Status/GetTimeline", request.job(), request,
+      &v1::Status::Stub::GetTimeline);
 }
 
 absl::Status DescribeRpcError(const std::string& address, const char* method,
@@ -101,7 +103,7 @@ absl::Status DescribeRpcError(const std::string& address, const char* method,
       return absl::Status(
           error.code(),
           absl::StrCat("the server at ", address,
-                       " does not implement baton.v1.Status/", method,
+                       " does not implement baton.v1.", method,
                        " (UNIMPLEMENTED: ", message,
                        "): check that --coordinator or BATON_COORDINATOR "
                        "names a baton-coordinator, and upgrade it if it is "

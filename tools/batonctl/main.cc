@@ -213,8 +213,8 @@ int Cancel(const std::string& address,
   v1::CancelJobResponse response;
   const grpc::Status status = admin->CancelJob(&context, request, &response);
   if (!status.ok()) {
-    return Fail(
-        DescribeRpcError(address, "CancelJob", FLAGS_job, timeout, status));
+    return Fail(DescribeRpcError(address, "Admin/CancelJob", FLAGS_job, timeout,
+                                 status));
   }
   if (FLAGS_json) {
     absl::StatusOr<std::string> json = ToJson(response, /*multiline=*/true);

@@ -43,7 +43,8 @@ class StatusClient {
   std::unique_ptr<v1::Status::Stub> stub_;
 };
 
-// The error of `method` (for example "GetJob") of job `job` ("" for none)
+// The error of `method` (service and method, for example "Status/GetJob"
+// or "Admin/CancelJob") of job `job` ("" for none)
 // on the coordinator at `address` that ended with `rpc`, as one line: an
 // unreachable coordinator names the address and what to check, an unknown
 // job says how to list the known ones, a server without the method says to

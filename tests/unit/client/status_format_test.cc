@@ -369,22 +369,22 @@ TEST(BatonctlFormatTest, JsonLineIsOneLine) {
 
 TEST(BatonctlFormatTest, UnreachableCoordinatorIsOneLineNamingTheAddress) {
   const absl::Status error = DescribeRpcError(
-      "10.0.0.1:50051", "GetJob", "resnet", absl::Seconds(5),
+      "10.0.0.1:50051", "Status/GetJob", "resnet", absl::Seconds(5),
       grpc::Status(grpc::StatusCode::UNAVAILABLE, "failed to connect\nretry"));
   EXPECT_EQ(error.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(error.message(),
-            "cannot reach the coordinator at 10.0.0.1:50051 (GetJob: "
+            "cannot reach the coordinator at 10.0.0.1:50051 (Status/GetJob: "
             "UNAVAILABLE: failed to connect retry): check that "
             "baton-coordinator runs there and that --coordinator or "
             "BATON_COORDINATOR names its address");
   EXPECT_THAT(
-      DescribeRpcError("h:1", "ListJobs", "", absl::Seconds(5),
+      DescribeRpcError("h:1", "Status/ListJobs", "", absl::Seconds(5),
                        grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, ""))
           .message(),
-      HasSubstr("(ListJobs: no answer within 5s, --timeout_ms)"));
+      HasSubstr("(Status/ListJobs: no answer within 5s, --timeout_ms)"));
   // A refused TLS handshake (or plaintext to a TLS coordinator) says so.
   EXPECT_THAT(std::string(DescribeRpcError(
-                              "h:1", "ListJobs", "", absl::Seconds(5),
+                              "h:1", "Status/ListJobs", "", absl::Seconds(5),
                               grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                            "ipv4:127.0.0.1:1: Socket closed"))
                               .message()),
@@ -392,9 +392,23 @@ TEST(BatonctlFormatTest, UnreachableCoordinatorIsOneLineNamingTheAddress) {
                         "--tls_ca"));
 }
 
+// A coordinator without the method (an older one) is named with the
+// method's own service: batonctl cancel asks the Admin service.
+TEST(BatonctlFormatTest, MissingMethodNamesItsService) {
+  const absl::Status error = DescribeRpcError(
+      "h:1", "Admin/CancelJob", "j", absl::Seconds(5),
+      grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no such method"));
+  EXPECT_EQ(error.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(error.message(),
+            "the server at h:1 does not implement baton.v1.Admin/CancelJob "
+            "(UNIMPLEMENTED: no such method): check that --coordinator or "
+            "BATON_COORDINATOR names a baton-coordinator, and upgrade it if "
+            "it is older than this batonctl");
+}
+
 TEST(BatonctlFormatTest, UnknownJobSaysHowToListTheJobs) {
   const absl::Status error = DescribeRpcError(
-      "h:1", "GetJob", "nope", absl::Seconds(5),
+      "h:1", "Status/GetJob", "nope", absl::Seconds(5),
       grpc::Status(grpc::StatusCode::NOT_FOUND,
                    "job \"nope\" is unknown to the coordinator"));
   EXPECT_EQ(error.message(),
