@@ -1,12 +1,15 @@
 #include "agent/job_membership.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/log_context.h"
+#include "common/membership_view.h"
 #include "glog/logging.h"
 
 namespace baton::agent {
@@ -114,6 +117,11 @@ void JobMembership::HandleCoordinatorMessage(const v1::CoordinatorMessage& m) {
   if (!membership_ && !join_accepted_ && !m.has_error()) return;
   switch (m.body_case()) {
     case v1::CoordinatorMessage::kJoinAccepted:
+      if (rejoin_seq_ != 0 && m.reply_to() == rejoin_seq_ &&
+          state_ == State::kRunning &&
+          membership_->generation() == rejoined_generation_) {
+        SendManifest();
+      }
       VLOG(1) << JobLogPrefix() << "joined, "
               << m.join_accepted().nodes_joined() << "/"
               << m.join_accepted().expected_nodes() << " nodes";
@@ -195,8 +203,10 @@ void JobMembership::HandleSession(bool restarted) {
   rejoin->set_min_nodes(trainers_.params().min_nodes());
   rejoin->set_partition_bytes(partition_bytes_);
   rejoin_seq_ = env_.coordinator->Send(std::move(message));
+  rejoined_generation_ = membership_->generation();
+  // The declarations follow once the rejoin is accepted: a restarted
+  // coordinator may hold the report until node rank 0 or 1 rebuilt the job.
   manifest_sent_ = 0;
-  SendManifest();
   LOG(INFO) << JobLogPrefix()
             << (restarted ? "coordinator restarted" : "session reopened")
             << "; re-reported generation " << membership_->generation();
@@ -204,23 +214,26 @@ void JobMembership::HandleSession(bool restarted) {
 
 void JobMembership::HandleMembership(const v1::Membership& m) {
   if (membership_ && m.generation() <= membership_->generation()) return;
-  int32_t node_rank = -1;
-  int32_t rank_offset = 0;
-  for (const v1::NodeInfo& node : m.nodes()) {
-    if (node.node_name() == config_.node_name) {
-      node_rank = node.node_rank();
-      rank_offset = node.rank_offset();
-      if (node.local_size() != trainers_.params().local_size()) node_rank = -2;
-    }
+  // This node's view (common/membership_view.h): its own entry, the runs of
+  // local sizes, and the whole table only at node ranks 0 and 1.
+  absl::Status valid = ValidateMembershipView(
+      "Membership", m, std::numeric_limits<int32_t>::max());
+  if (valid.ok() &&
+      (m.self().node_name() != config_.node_name ||
+       m.self().local_size() != trainers_.params().local_size())) {
+    valid = absl::InternalError(
+        absl::StrCat("it is addressed to node \"", m.self().node_name(),
+                     "\" with ", m.self().local_size(), " trainers"));
   }
-  if (node_rank < 0) {
+  if (!valid.ok()) {
     callbacks_.end(absl::InternalError(absl::StrCat(
         "the coordinator sealed generation ", m.generation(), " of job \"",
-        job_, "\" ",
-        node_rank == -1 ? "without this node" : "with a wrong local_size",
-        "; report this as a bug")));
+        job_, "\" with a membership this node cannot use (", valid.message(),
+        "); report this as a bug")));
     return;
   }
+  const int32_t node_rank = m.self().node_rank();
+  const int32_t rank_offset = m.self().rank_offset();
   if (data_plane_) {
     RetireDataPlane(absl::AbortedError(absl::StrCat(
         "job \"", job_, "\" moved to generation ", m.generation())));
@@ -244,7 +257,7 @@ void JobMembership::HandleMembership(const v1::Membership& m) {
   data_plane_stopped_.reset();
   manifest_sent_ = 0;
   LOG(INFO) << JobLogPrefix() << "generation " << m.generation()
-            << " sealed, node rank " << node_rank << " of " << m.nodes_size()
+            << " sealed, node rank " << node_rank << " of " << m.num_nodes()
             << ", world size " << m.world_size();
   SendAttached();
   SendManifest();
@@ -260,7 +273,7 @@ v1::Attached JobMembership::AttachedFor(int32_t local_rank) const {
   a.set_local_rank(local_rank);
   a.set_local_size(trainers_.params().local_size());
   a.set_node_rank(node_rank_);
-  a.set_num_nodes(membership_->nodes_size());
+  a.set_num_nodes(membership_->num_nodes());
   a.set_scheduling(SchedulingModeName(trainers_.mode()));
   trainers_.AddChannel(local_rank, &a);
   return a;
@@ -452,7 +465,7 @@ void JobMembership::ConnectDataPlane() {
   const v1::Membership m = *membership_;
   ConnectRequest request;
   request.node_rank = node_rank_;
-  request.num_nodes = m.nodes_size();
+  request.num_nodes = m.num_nodes();
   request.prefix = m.store_prefix() +
                    (absl::EndsWith(m.store_prefix(), "/") ? "" : "/") + "data";
   request.store = env_.store_factory(job_, m.generation());
@@ -546,7 +559,7 @@ void JobMembership::OnDataPlaneConnected(
   options.job = job_;
   options.generation = generation;
   options.node_rank = node_rank_;
-  options.num_nodes = membership_->nodes_size();
+  options.num_nodes = membership_->num_nodes();
   options.world_size = membership_->world_size();
   options.mode = trainers_.mode();
   options.credit_bytes = config_.credit_bytes;
@@ -560,6 +573,7 @@ void JobMembership::OnDataPlaneConnected(
   options.launch_trace = launch_trace_;
   // --timeline_records=0: nothing is recorded, not even built.
   options.timeline = config_.timeline_records > 0 ? &timeline_ : nullptr;
+  // Only node ranks 0 and 1 know every name: elsewhere errors name ranks.
   for (const v1::NodeInfo& node : membership_->nodes()) {
     options.node_names.push_back(node.node_name());
   }
@@ -614,7 +628,7 @@ void JobMembership::MaybeConnectDevices() {
   const v1::Membership& m = *membership_;
   ConnectRequest request;
   request.node_rank = node_rank_;
-  request.num_nodes = m.nodes_size();
+  request.num_nodes = m.num_nodes();
   request.prefix = m.store_prefix() +
                    (absl::EndsWith(m.store_prefix(), "/") ? "" : "/") + "gpu";
   request.store = env_.store_factory(job_, generation);

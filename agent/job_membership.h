@@ -201,6 +201,10 @@ class JobMembership {
   bool join_accepted_ = false;
   uint64_t manifest_seq_ = 0;
   uint64_t rejoin_seq_ = 0;
+  // The generation the last rejoin re-reported: its acceptance sends the
+  // manifest.
+  int64_t rejoined_generation_ = 0;
+  // This node's view of the sealed generation (common/membership_view.h).
   std::optional<v1::Membership> membership_;
   // The generation this node last asked the coordinator to admit joiners
   // in (AdmitJoins).

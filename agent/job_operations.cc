@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/enqueue_validation.h"
 #include "agent/scheduler/negotiation.h"
+#include "common/membership_view.h"
 
 namespace baton::agent {
 namespace {
@@ -224,7 +225,7 @@ void JobOperations::TrySubmit(PendingOp& pending) {
     if (!data_plane->has_devices()) return;
     // The hierarchical path stages the cross-node step in host memory.
     if (config_.gpu_cross_node == GpuCrossNode::kGloo &&
-        membership.nodes_size() > 1) {
+        membership.num_nodes() > 1) {
       if (tensor.stage.empty()) tensor.stage.resize(tensor.size_bytes);
       pending.op->output = tensor.stage.data();
     }
@@ -247,14 +248,10 @@ void JobOperations::TrySubmit(PendingOp& pending) {
                             membership.world_size(), " ranks")));
       return;
     }
-    int32_t root_offset = 0;
-    for (const v1::NodeInfo& node : membership.nodes()) {
-      if (op->root_rank >= node.rank_offset() &&
-          op->root_rank < node.rank_offset() + node.local_size()) {
-        op->root_node = node.node_rank();
-        root_offset = node.rank_offset();
-      }
-    }
+    // Inside the world (checked above), so a node holds it.
+    const RankPlace root = *NodeOfRank(membership, op->root_rank);
+    op->root_node = root.node_rank;
+    const int32_t root_offset = root.rank_offset;
     // A CUDA tensor's broadcast starts at the root's GPU, which every node
     // names (NCCL rank = node rank x GPUs per node + local GPU).
     op->root_local = op->root_node == membership_.node_rank() || op->on_device

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log_context.h"
+#include "common/membership_view.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
 #include "coordinator/job.h"
@@ -229,9 +230,7 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
     session.jobs.insert(job->name);
     SendJoinAccepted(*job, session.id, seq);
     if (job->state == v1::JOB_STATE_RUNNING && existing->node_rank >= 0) {
-      v1::CoordinatorMessage membership;
-      *membership.mutable_membership() = job->membership;
-      sessions_->Send(session.id, Outbound(std::move(membership)));
+      SendMembership(*job, *existing);
     }
     return absl::OkStatus();
   }
@@ -306,6 +305,7 @@ void JobManager::Seal(Job& job) {
     node->set_rank_offset(member.rank_offset);
   }
   membership.set_world_size(offset);
+  CompleteMembership(&membership);
   absl::flat_hash_map<std::string, int32_t>& ranks = last_node_ranks_[job.name];
   ranks.clear();
   for (const Member& member : job.members) {
@@ -318,10 +318,8 @@ void JobManager::Seal(Job& job) {
                             job.members.size(), " nodes, world size ", offset);
   last_generation_[job.name] = job.generation;
   Event(job, "sealed", job.reason);
-  v1::CoordinatorMessage message;
-  *message.mutable_membership() = membership;
-  const OutboundMessage shared = Outbound(std::move(message));
-  for (const Member& member : job.members) SendToMember(member, shared);
+  // Each member gets its own view: O(1) bytes, the table only at the keepers.
+  for (const Member& member : job.members) SendMembership(job, member);
   listener_->OnGenerationSealed(membership);
 }
 
@@ -473,14 +471,20 @@ void JobManager::JoinReleased() {
     Session* session = sessions_->Find(held.session);
     if (session == nullptr) continue;  // its agent is gone
     const absl::Status status = Join(*session, held.seq, held.join);
-    if (status.ok()) continue;
-    v1::CoordinatorMessage error;
-    error.set_reply_to(held.seq);
-    error.mutable_error()->set_code(static_cast<int32_t>(status.code()));
-    error.mutable_error()->set_message(std::string(status.message()));
-    error.mutable_error()->set_job(held.join.job());
-    sessions_->Send(held.session, Outbound(std::move(error)));
+    if (!status.ok())
+      ReplyError(held.session, held.seq, held.join.job(), status);
   }
+}
+
+void JobManager::ReplyError(SessionId session, uint64_t seq,
+                            const std::string& job,
+                            const absl::Status& status) {
+  v1::CoordinatorMessage error;
+  error.set_reply_to(seq);
+  error.mutable_error()->set_code(static_cast<int32_t>(status.code()));
+  error.mutable_error()->set_message(std::string(status.message()));
+  error.mutable_error()->set_job(job);
+  sessions_->Send(session, Outbound(std::move(error)));
 }
 
 absl::Status JobManager::Leave(Session& session, const v1::LeaveJob& leave) {
@@ -650,6 +654,14 @@ void JobManager::SendJoinAccepted(const Job& job, SessionId session,
   sessions_->Send(session, Outbound(std::move(accepted)));
 }
 
+void JobManager::SendMembership(const Job& job, const Member& member) {
+  if (!member.connected) return;
+  v1::CoordinatorMessage message;
+  *message.mutable_membership() =
+      MembershipView(job.membership, member.node_rank);
+  SendToMember(member, Outbound(std::move(message)));
+}
+
 void JobManager::SendToMember(const Member& member,
                               const OutboundMessage& message) {
   if (member.connected) sessions_->Send(member.session, message);
@@ -685,6 +697,7 @@ void JobManager::RecordEvent(const std::string& job, const std::string& kind,
 
 void JobManager::Tick() {
   const absl::Time now = clock_->Now();
+  ExpireParkedRejoins(now);
   std::vector<std::string> names;
   names.reserve(jobs_.size());
   for (const auto& [name, job] : jobs_) names.push_back(name);

@@ -154,6 +154,8 @@ class JobManager {
   void Event(Job& job, const std::string& kind, const std::string& message,
              const std::string& node = "");
   void SendToMember(const Member& member, const OutboundMessage& message);
+  // The member's view of the job's sealed membership (MembershipView).
+  void SendMembership(const Job& job, const Member& member);
   // Answers a join or rejoin (request `seq`) with the job's state.
   void SendJoinAccepted(const Job& job, SessionId session, uint64_t seq);
   // Joins the held joins of runs that ended (EndJob releases them) to the
@@ -190,6 +192,25 @@ class JobManager {
   // Tells the sealed members which nodes wait to join.
   void NotifyJoinPending(Job& job);
 
+  // Recovery (job_recovery.cc). A re-report without the node table (from a
+  // node rank other than 0 and 1: MembershipView) of a job the coordinator
+  // does not know waits until a report with the table rebuilds the job, or
+  // for liveness_timeout, after which the node is told to join again.
+  struct ParkedRejoin {
+    SessionId session;
+    uint64_t seq = 0;
+    v1::RejoinJob rejoin;
+    absl::Time deadline;
+  };
+  void ParkRejoin(Session& session, uint64_t seq, const v1::RejoinJob& rejoin);
+  // Handles the parked re-reports of `job`, which was just rebuilt.
+  void ReleaseParkedRejoins(const std::string& job);
+  // Refuses the parked re-reports whose deadline passed.
+  void ExpireParkedRejoins(absl::Time now);
+  // Answers request `seq` of `session` with `status` (an error).
+  void ReplyError(SessionId session, uint64_t seq, const std::string& job,
+                  const absl::Status& status);
+
   // Constant after construction.
   const CoordinatorOptions options_;
   Clock* const clock_;
@@ -206,6 +227,11 @@ class JobManager {
       last_node_ranks_;
   // Held joins of runs that ended, for JoinReleased.
   std::vector<HeldJoin> released_joins_;
+  // Re-reports waiting for the report that rebuilds their job, by job and
+  // node name.
+  absl::flat_hash_map<std::string,
+                      absl::flat_hash_map<std::string, ParkedRejoin>>
+      parked_rejoins_;
 };
 
 }  // namespace baton::coordinator

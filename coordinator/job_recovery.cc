@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/log_context.h"
+#include "common/membership_view.h"
 #include "common/status_macros.h"
 #include "common/validation.h"
 #include "coordinator/job.h"
@@ -35,15 +36,20 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
         "RejoinJob.membership.generation is ", m.generation(),
         ": rejoin only a sealed generation (>= 1); join to form a job"));
   }
-  if (m.nodes_size() < 1 || m.nodes_size() > rejoin.expected_nodes()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RejoinJob.membership has ", m.nodes_size(),
-                     " nodes: it must have 1..expected_nodes (",
-                     rejoin.expected_nodes(), ")"));
+  BATON_RETURN_IF_ERROR(ValidateMembershipView("RejoinJob.membership", m,
+                                               rejoin.expected_nodes()));
+  for (int i = 0; i < m.local_sizes_size(); ++i) {
+    BATON_RETURN_IF_ERROR(ValidateLocalSize(
+        absl::StrCat("RejoinJob.membership.local_sizes[", i, "].local_size"),
+        m.local_sizes(i).local_size()));
+  }
+  const v1::NodeInfo& self = m.self();
+  if (self.node_name() != session.node_name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RejoinJob.membership.self names node \"", self.node_name(),
+        "\", not this agent's node \"", session.node_name, "\""));
   }
   absl::flat_hash_set<std::string> names;
-  int32_t offset = 0;
-  bool lists_self = false;
   for (int i = 0; i < m.nodes_size(); ++i) {
     const v1::NodeInfo& node = m.nodes(i);
     const std::string what =
@@ -52,26 +58,14 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
         ValidateIdentifier(what + ".node_name", node.node_name()));
     BATON_RETURN_IF_ERROR(ValidateHostPort(
         what + ".data_address", node.data_address(), PortZero::kAllowed));
-    BATON_RETURN_IF_ERROR(
-        ValidateLocalSize(what + ".local_size", node.local_size()));
     if (!names.insert(node.node_name()).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ".node_name \"", node.node_name(), "\" appears twice"));
     }
-    if (node.node_rank() != i || node.rank_offset() != offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " has node_rank ", node.node_rank(), " and rank_offset ",
-          node.rank_offset(), "; expected ", i, " and ", offset,
-          ": report the membership exactly as it was sealed"));
-    }
-    offset += node.local_size();
-    lists_self = lists_self || node.node_name() == session.node_name;
   }
-  if (m.world_size() != offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RejoinJob.membership.world_size is ", m.world_size(),
-                     " but its nodes hold ", offset, " ranks"));
-  }
+  BATON_RETURN_IF_ERROR(
+      ValidateHostPort("RejoinJob.membership.self.data_address",
+                       self.data_address(), PortZero::kAllowed));
   if (m.data_plane_secret().size() != kDataPlaneSecretBytes) {
     // Never quoted: it is a secret.
     return absl::InvalidArgumentError(absl::StrCat(
@@ -81,12 +75,6 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
         ": report the membership exactly as it was sealed (agent and "
         "coordinator must run one build of baton)"));
   }
-  if (!lists_self) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RejoinJob.membership does not list this agent's node \"",
-                     session.node_name, "\""));
-  }
-
   Job* job = FindJob(m.job());
   if (job != nullptr && job->recovered && !Ended(job->state) &&
       m.generation() == job->generation &&
@@ -111,6 +99,12 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
     listener_->OnJobRemoved(m.job());
     job = nullptr;
   }
+  if (job == nullptr && m.nodes().empty()) {
+    // Only node ranks 0 and 1 hold the table to rebuild the job from: wait
+    // for one of them (ReleaseParkedRejoins), or give up at the deadline.
+    ParkRejoin(session, seq, rejoin);
+    return absl::OkStatus();
+  }
   const bool created = job == nullptr;
   if (created) {
     // Recovery: the coordinator restarted and knows nothing of this job.
@@ -125,7 +119,9 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
                   session.node_name);
     job->state = v1::JOB_STATE_RUNNING;
     job->recovered = true;
-    job->SetMembership(m);
+    v1::Membership table = m;
+    table.clear_self();
+    job->SetMembership(std::move(table));
     for (const v1::NodeInfo& node : m.nodes()) {
       Member member;
       member.node_name = node.node_name();
@@ -166,10 +162,10 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
           " at generation ", job->generation, " here; this agent reported ",
           "sealed generation ", m.generation(), ": join again"));
     }
-    if (m.nodes_size() != job->membership.nodes_size()) {
+    if (m.num_nodes() != job->membership.nodes_size()) {
       return absl::FailedPreconditionError(
           absl::StrCat("RejoinJob.membership of job \"", job->name, "\" has ",
-                       m.nodes_size(), " nodes; the recovered generation has ",
+                       m.num_nodes(), " nodes; the recovered generation has ",
                        job->membership.nodes_size(), ": join again"));
     }
     if (m.data_plane_secret() != job->membership.data_plane_secret()) {
@@ -179,16 +175,20 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
           " carries another data-plane secret than the recovered one: join "
           "again"));
     }
-    for (int i = 0; i < m.nodes_size(); ++i) {
-      const v1::NodeInfo& ours = job->membership.nodes(i);
-      const v1::NodeInfo& theirs = m.nodes(i);
-      if (ours.node_name() != theirs.node_name() ||
-          ours.data_address() != theirs.data_address() ||
-          ours.local_size() != theirs.local_size()) {
+    // The table where the agent has it, its own entry everywhere.
+    const auto same = [](const v1::NodeInfo& a, const v1::NodeInfo& b) {
+      return a.node_name() == b.node_name() &&
+             a.data_address() == b.data_address() &&
+             a.local_size() == b.local_size() &&
+             a.rank_offset() == b.rank_offset();
+    };
+    for (int i = -1; i < m.nodes_size(); ++i) {
+      const v1::NodeInfo& theirs = i < 0 ? self : m.nodes(i);
+      if (!same(job->membership.nodes(theirs.node_rank()), theirs)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "RejoinJob.membership of job \"", job->name, "\" generation ",
-            m.generation(), " differs from the recovered one at node rank ", i,
-            ": join again"));
+            m.generation(), " differs from the recovered one at node rank ",
+            theirs.node_rank(), ": join again"));
       }
     }
   }
@@ -221,7 +221,80 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
                             created);
   // Joins held by a stale run that ended above, for the name's next run.
   JoinReleased();
+  if (created) ReleaseParkedRejoins(job->name);
   return absl::OkStatus();
+}
+
+void JobManager::ParkRejoin(Session& session, uint64_t seq,
+                            const v1::RejoinJob& rejoin) {
+  ParkedRejoin parked;
+  parked.session = session.id;
+  parked.seq = seq;
+  parked.rejoin = rejoin;
+  parked.deadline = clock_->Now() + options_.liveness_timeout;
+  // A newer report of the same node replaces its older one.
+  parked_rejoins_[rejoin.membership().job()][session.node_name] =
+      std::move(parked);
+  VLOG(1) << LogPrefix({rejoin.membership().job(),
+                        rejoin.membership().generation(), session.node_name})
+          << "re-report waits for node rank 0 or 1, which hold the table";
+}
+
+void JobManager::ReleaseParkedRejoins(const std::string& job) {
+  auto it = parked_rejoins_.find(job);
+  if (it == parked_rejoins_.end()) return;
+  std::vector<ParkedRejoin> released;
+  released.reserve(it->second.size());
+  for (auto& [node, parked] : it->second) released.push_back(std::move(parked));
+  parked_rejoins_.erase(it);
+  // In node-rank order, whatever order they came in.
+  std::sort(released.begin(), released.end(),
+            [](const ParkedRejoin& a, const ParkedRejoin& b) {
+              return a.rejoin.membership().self().node_rank() <
+                     b.rejoin.membership().self().node_rank();
+            });
+  for (const ParkedRejoin& parked : released) {
+    Session* session = sessions_->Find(parked.session);
+    if (session == nullptr) continue;  // its agent is gone
+    const absl::Status status = Rejoin(*session, parked.seq, parked.rejoin);
+    if (!status.ok()) ReplyError(parked.session, parked.seq, job, status);
+  }
+}
+
+void JobManager::ExpireParkedRejoins(absl::Time now) {
+  std::vector<std::pair<std::string, ParkedRejoin>> expired;
+  for (auto job = parked_rejoins_.begin(); job != parked_rejoins_.end();) {
+    auto& nodes = job->second;
+    for (auto node = nodes.begin(); node != nodes.end();) {
+      if (now < node->second.deadline) {
+        ++node;
+        continue;
+      }
+      expired.emplace_back(node->first, std::move(node->second));
+      nodes.erase(node++);
+    }
+    if (nodes.empty()) {
+      parked_rejoins_.erase(job++);
+    } else {
+      ++job;
+    }
+  }
+  std::sort(expired.begin(), expired.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [node, parked] : expired) {
+    const v1::Membership& m = parked.rejoin.membership();
+    LOG(WARNING) << LogPrefix({m.job(), m.generation(), node})
+                 << "no holder of the node table re-reported; the node joins "
+                    "again";
+    ReplyError(
+        parked.session, parked.seq, m.job(),
+        absl::FailedPreconditionError(absl::StrCat(
+            "neither node rank 0 nor 1 of job \"", m.job(), "\" generation ",
+            m.generation(), " re-reported within ",
+            absl::FormatDuration(options_.liveness_timeout),
+            " of this node after the coordinator restarted, and only they "
+            "hold the generation's node table: join again")));
+  }
 }
 
 }  // namespace baton::coordinator

@@ -32,10 +32,19 @@ absl::Status OperationFailure(const Operation& op, const absl::Status& status) {
 absl::Status TransportError(const absl::Status& status, const std::string& what,
                             const std::vector<std::string>& node_names,
                             int32_t self) {
+  // Names are known only at node ranks 0 and 1 (common/membership_view.h);
+  // a long list helps nobody.
+  constexpr size_t kListed = 8;
   std::string peers;
+  size_t listed = 0;
   for (size_t rank = 0; rank < node_names.size(); ++rank) {
     if (static_cast<int32_t>(rank) == self) continue;
+    if (listed == kListed) {
+      absl::StrAppend(&peers, " and ", node_names.size() - 1 - listed, " more");
+      break;
+    }
     absl::StrAppend(&peers, peers.empty() ? "" : ", ", node_names[rank]);
+    ++listed;
   }
   return absl::Status(
       status.code(),

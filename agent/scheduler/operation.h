@@ -97,8 +97,9 @@ int32_t NumPartitions(int64_t size_bytes, int64_t partition_bytes);
 // ...").
 absl::Status OperationFailure(const Operation& op, const absl::Status& status);
 
-// A transport error of `what` with the peers named: every node of
-// `node_names` but `self`.
+// A transport error of `what` with the peers named: the nodes of
+// `node_names` but `self`, the first 8 of them (`node_names` is empty where
+// this node was not sent the names).
 absl::Status TransportError(const absl::Status& status, const std::string& what,
                             const std::vector<std::string>& node_names,
                             int32_t self);

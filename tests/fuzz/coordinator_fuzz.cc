@@ -280,11 +280,9 @@ class Driver {
     report->set_generation(in.Bit() ? view.generation : in.Int(1));
     int32_t first = 0;
     int32_t ranks = 1;
-    for (const v1::NodeInfo& node : view.membership.nodes()) {
-      if (node.node_name() == a.agent.node) {
-        first = node.rank_offset();
-        ranks = node.local_size();
-      }
+    if (view.membership.self().node_name() == a.agent.node) {
+      first = view.membership.self().rank_offset();
+      ranks = view.membership.self().local_size();
     }
     if (in.Below(8) == 0) first = static_cast<int32_t>(in.Int(1));
     int64_t lowest = -1;

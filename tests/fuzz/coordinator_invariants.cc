@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/membership_view.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "tests/fuzz/fuzz_input.h"
 
@@ -35,39 +36,50 @@ void CoordinatorInvariants::NewProcess() {
 }
 
 // One generation per membership; every member a distinct rank range in
-// [0, world); sent only to members.
+// [0, world); each view addressed to its receiver, with the table only at
+// node ranks 0 and 1; the views of one generation agree.
 void CoordinatorInvariants::CheckMembership(const std::string& receiver,
                                             const v1::Membership& m) {
   const std::string what =
       absl::StrCat("job ", m.job(), " generation ", m.generation());
-  int32_t offset = 0;
-  bool lists_receiver = false;
-  std::set<std::string> names;
-  for (int i = 0; i < m.nodes_size(); ++i) {
-    const v1::NodeInfo& node = m.nodes(i);
-    if (node.node_rank() != i || node.rank_offset() != offset ||
-        node.local_size() < 1 || !names.insert(node.node_name()).second) {
-      Broken(absl::StrCat(what, " gives node ", node.node_name(), " rank ",
-                          node.node_rank(), " offset ", node.rank_offset(),
-                          " local size ", node.local_size(), " at index ", i,
-                          " (ranks must be distinct and in order)"));
-    }
-    offset += node.local_size();
-    lists_receiver = lists_receiver || node.node_name() == receiver;
+  if (absl::Status valid = ValidateMembershipView(what, m, 1 << 20);
+      !valid.ok()) {
+    Broken(std::string(valid.message()));
   }
-  if (offset != m.world_size()) {
-    Broken(absl::StrCat(what, " has world size ", m.world_size(),
-                        " but its nodes hold ", offset, " ranks"));
+  if (m.self().node_name() != receiver) {
+    Broken(absl::StrCat(what, " addressed to ", m.self().node_name(),
+                        " was sent to ", receiver));
   }
-  if (!lists_receiver) {
-    Broken(absl::StrCat(what, " was sent to ", receiver,
-                        ", which it does not list"));
+  if (m.nodes().empty() != (m.self().node_rank() >= kMembershipKeepers)) {
+    Broken(absl::StrCat(what, " sent node rank ", m.self().node_rank(), " ",
+                        m.nodes_size(), " table entries"));
   }
-  auto [it, fresh] =
-      sealed_.emplace(std::make_pair(m.job(), m.generation()), m);
-  if (!fresh && !MessageDifferencer::Equals(it->second, m)) {
+  v1::Membership shared = m;
+  shared.clear_self();
+  shared.clear_nodes();
+  auto [it, fresh] = sealed_.emplace(std::make_pair(m.job(), m.generation()),
+                                     Sealed{shared, {}});
+  if (!fresh && !MessageDifferencer::Equals(it->second.shared, shared)) {
     Broken(absl::StrCat(what, " was sealed twice, differently: ",
-                        it->second.DebugString(), " and ", m.DebugString()));
+                        it->second.shared.DebugString(), " and ",
+                        shared.DebugString()));
+  }
+  std::map<int32_t, v1::NodeInfo>& table = it->second.nodes;
+  std::set<std::string> names;
+  for (int i = -1; i < m.nodes_size(); ++i) {
+    const v1::NodeInfo& node = i < 0 ? m.self() : m.nodes(i);
+    auto [at, added] = table.emplace(node.node_rank(), node);
+    if (!added && !MessageDifferencer::Equals(at->second, node)) {
+      Broken(absl::StrCat(what, " gives node rank ", node.node_rank(),
+                          " two entries: ", at->second.DebugString(), " and ",
+                          node.DebugString()));
+    }
+  }
+  for (const auto& [rank, node] : table) {
+    if (!names.insert(node.node_name()).second) {
+      Broken(
+          absl::StrCat(what, " gives node ", node.node_name(), " two ranks"));
+    }
   }
 }
 
@@ -86,9 +98,11 @@ void CoordinatorInvariants::CheckStatus(const v1::JobStatus& job) {
   if (job.state() != v1::JOB_STATE_RUNNING) return;
   auto it = sealed_.find(std::make_pair(job.job(), job.generation()));
   if (it == sealed_.end()) return;  // recovered, not sealed by this process
-  const v1::Membership& m = it->second;
+  const v1::Membership& m = it->second.shared;
+  // Only a table every member's view was seen for (or a keeper sent).
+  if (static_cast<int32_t>(it->second.nodes.size()) != m.num_nodes()) return;
   std::vector<std::tuple<std::string, int32_t, int32_t, int32_t>> sealed;
-  for (const v1::NodeInfo& node : m.nodes()) {
+  for (const auto& [rank, node] : it->second.nodes) {
     sealed.emplace_back(node.node_name(), node.node_rank(), node.rank_offset(),
                         node.local_size());
   }

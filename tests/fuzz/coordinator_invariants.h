@@ -29,9 +29,11 @@ class CoordinatorInvariants {
   // (a restarted coordinator seals anew; the restart check is the
   // driver's).
   void NewProcess();
-  // `m` was sent to node `receiver`: it lists it, its node ranks are 0..n-1
-  // in order with distinct names and rank ranges that cover [0, world), and
-  // it is the membership every node got for (job, generation).
+  // `m` was sent to node `receiver`: it is addressed to it (self), its
+  // local-size runs cover [0, world) and place self, it carries the table
+  // exactly at node ranks 0 and 1, and it agrees with every other view of
+  // (job, generation): the shared fields, and one entry per node rank with
+  // distinct names.
   void CheckMembership(const std::string& receiver, const v1::Membership& m);
   // A plan sent to a member: the same (job, generation, version) is the same
   // plan for every member.
@@ -42,7 +44,14 @@ class CoordinatorInvariants {
   void CheckStatus(const v1::JobStatus& job);
 
  private:
-  std::map<std::pair<std::string, int64_t>, v1::Membership> sealed_;
+  // What the members of one sealed generation were told: the part every
+  // view shares, and the table assembled from the views (each node's own
+  // entry, and the whole table from node ranks 0 and 1).
+  struct Sealed {
+    v1::Membership shared;
+    std::map<int32_t, v1::NodeInfo> nodes;
+  };
+  std::map<std::pair<std::string, int64_t>, Sealed> sealed_;
   std::map<std::tuple<std::string, int64_t, int64_t>, v1::TensorPlan> plans_;
   // Per run of a job (its creation time tells runs apart: every action
   // advances the clock).

@@ -165,14 +165,14 @@ void SimulatedAgent::Handle(const v1::CoordinatorMessage& message) {
       return;
     case v1::CoordinatorMessage::kMembership: {
       const v1::Membership& membership = message.membership();
-      int32_t rank = -1;
-      for (const v1::NodeInfo& node : membership.nodes()) {
-        if (node.node_name() == node_name_) rank = node.rank_offset();
-      }
+      // The node's own view: its entry, not the whole table.
+      const int32_t rank = membership.self().node_name() == node_name_
+                               ? membership.self().rank_offset()
+                               : -1;
       if (rank < 0) {
         v1::Error error;
         error.set_code(static_cast<int32_t>(absl::StatusCode::kInternal));
-        error.set_message("the membership does not list this node");
+        error.set_message("the membership is addressed to another node");
         recorder_->ErrorReceived(node_name_, error);
         return;
       }

@@ -64,7 +64,10 @@ class RendezvousClientTest : public ::testing::Test {
   // "job"; returns once every agent has generation 1's membership.
   struct FormedJob {
     std::vector<std::unique_ptr<TestAgent>> agents;
+    // The generation as the last agent was told it (the shared fields).
     v1::Membership membership;
+    // Each agent's own view, by node rank.
+    std::vector<v1::Membership> views;
   };
   FormedJob FormJob(int nodes, int min_nodes = 0) {
     FormedJob formed;
@@ -75,8 +78,9 @@ class RendezvousClientTest : public ::testing::Test {
       EXPECT_TRUE(formed.agents.back()->WaitForReply(seq).has_value());
     }
     for (auto& agent : formed.agents) {
-      formed.membership = agent->AwaitMembership();
+      formed.views.push_back(agent->AwaitMembership());
     }
+    formed.membership = formed.views.back();
     return formed;
   }
 
@@ -242,7 +246,7 @@ TEST_F(RendezvousClientTest, RetriesWhileTheCoordinatorIsDown) {
     auto agent = Agent(absl::StrCat("n", i));
     v1::AgentMessage message;
     auto* rejoin = message.mutable_rejoin();
-    *rejoin->mutable_membership() = job.membership;
+    *rejoin->mutable_membership() = job.views[i];
     rejoin->set_completed_step(0);
     rejoin->set_expected_nodes(2);
     const uint64_t seq = agent->Send(message);

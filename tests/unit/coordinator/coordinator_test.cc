@@ -155,6 +155,7 @@ TEST_F(CoordinatorTest, SealsWithHeterogeneousTrainerCounts) {
   const v1::Membership& m = seen[0];
   EXPECT_EQ(m.generation(), 1);
   EXPECT_EQ(m.world_size(), 6);
+  EXPECT_EQ(m.num_nodes(), 3);
   EXPECT_EQ(m.store_prefix(), "baton/job/1/");
   ASSERT_EQ(m.nodes_size(), 3);
   EXPECT_EQ(m.nodes(0).node_name(), "n0");
@@ -164,8 +165,22 @@ TEST_F(CoordinatorTest, SealsWithHeterogeneousTrainerCounts) {
   EXPECT_EQ(m.nodes(2).node_name(), "n2");
   EXPECT_EQ(m.nodes(2).rank_offset(), 3);
   EXPECT_EQ(m.nodes(2).data_address(), "n2.example:7000");
-  for (const v1::Membership& other : seen) {
-    EXPECT_EQ(other.SerializeAsString(), m.SerializeAsString());
+  // Local sizes 2, 1, 3: three runs of one node each.
+  ASSERT_EQ(m.local_sizes_size(), 3);
+  EXPECT_EQ(m.local_sizes(2).local_size(), 3);
+  // Each node's view: its own entry; the table only at node ranks 0 and 1.
+  for (size_t i = 0; i < seen.size(); ++i) {
+    const v1::Membership& view = seen[i];
+    EXPECT_EQ(view.self().SerializeAsString(),
+              m.nodes(static_cast<int>(i)).SerializeAsString());
+    EXPECT_EQ(view.nodes_size(), i < 2 ? 3 : 0);
+    v1::Membership shared = view;
+    shared.clear_self();
+    shared.clear_nodes();
+    v1::Membership expected = m;
+    expected.clear_self();
+    expected.clear_nodes();
+    EXPECT_EQ(shared.SerializeAsString(), expected.SerializeAsString());
   }
   v1::JobStatus status = Status("job");
   EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
@@ -333,7 +348,8 @@ TEST_F(CoordinatorTest, MinNodesResealsWithTheSurvivorsAndGrowsBack) {
   ASSERT_THAT(memberships, SizeIs(1));
   EXPECT_EQ(memberships[0].membership().generation(), 3);
   EXPECT_EQ(memberships[0].membership().world_size(), 3);
-  EXPECT_EQ(memberships[0].membership().nodes(2).node_name(), "n3");
+  EXPECT_EQ(memberships[0].membership().self().node_name(), "n3");
+  EXPECT_EQ(memberships[0].membership().self().node_rank(), 2);
 }
 
 TEST_F(CoordinatorTest, ANodeBackFromARunThatEndedHearsHowItEnded) {
@@ -517,23 +533,37 @@ TEST_F(CoordinatorTest, ReconnectOfTheSameAgentKeepsItsMembership) {
   EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
 }
 
+// The agent's re-report of the job it runs: its own view of `job`.
+v1::AgentMessage RejoinWith(const v1::Membership& view, int32_t expected_nodes,
+                            int64_t completed_step = 0) {
+  v1::AgentMessage message;
+  auto* rejoin = message.mutable_rejoin();
+  *rejoin->mutable_membership() = view;
+  rejoin->set_completed_step(completed_step);
+  rejoin->set_expected_nodes(expected_nodes);
+  return message;
+}
+
 TEST_F(CoordinatorTest, RestartRebuildsTheJobFromRejoiningAgents) {
-  Agent a = Connect("n0"), b = Connect("n1");
-  Join(a, "job", 2, 2);
-  Join(b, "job", 1, 2);
-  const v1::Membership sealed =
-      a.Received(v1::CoordinatorMessage::kMembership)[0].membership();
+  Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
+  Join(a, "job", 2, 3);
+  Join(b, "job", 1, 3);
+  Join(c, "job", 1, 3);
+  std::vector<v1::Membership> views;
+  for (Agent* agent : {&a, &b, &c}) {
+    views.push_back(
+        agent->Received(v1::CoordinatorMessage::kMembership)[0].membership());
+  }
 
   Restart();
   a = Connect("n0");
   b = Connect("n1");
-  for (Agent* agent : {&a, &b}) {
-    v1::AgentMessage message;
-    auto* rejoin = message.mutable_rejoin();
-    *rejoin->mutable_membership() = sealed;
-    rejoin->set_completed_step(41);
-    rejoin->set_expected_nodes(2);
-    Send(*agent, message);
+  c = Connect("n2");
+  for (Agent* agent : {&a, &b, &c}) {
+    Send(*agent, RejoinWith(views[agent == &a   ? 0
+                                  : agent == &b ? 1
+                                                : 2],
+                            3, 41));
     auto accepted = agent->Received(v1::CoordinatorMessage::kJoinAccepted);
     ASSERT_THAT(accepted, SizeIs(1)) << agent->LastError().message();
     EXPECT_EQ(accepted[0].join_accepted().state(), v1::JOB_STATE_RUNNING);
@@ -541,7 +571,7 @@ TEST_F(CoordinatorTest, RestartRebuildsTheJobFromRejoiningAgents) {
   v1::JobStatus status = Status("job");
   EXPECT_EQ(status.state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(status.generation(), 1);
-  EXPECT_EQ(status.world_size(), 3);
+  EXPECT_EQ(status.world_size(), 4);
   EXPECT_EQ(status.global_step(), 41);
   for (const v1::MemberStatus& member : status.members()) {
     EXPECT_TRUE(member.connected()) << member.node_name();
@@ -559,6 +589,89 @@ TEST_F(CoordinatorTest, RestartRebuildsTheJobFromRejoiningAgents) {
   absl::Status set_status = absl::UnknownError("not called");
   coordinator_->StoreSet(set, {}, [&](absl::Status s) { set_status = s; });
   EXPECT_TRUE(set_status.ok()) << set_status;
+}
+
+// Node rank 2 holds only its own entry: its re-report waits until node rank
+// 0 or 1 rebuilt the job from the table, then it is accepted like theirs.
+TEST_F(CoordinatorTest, ARejoinWithoutTheTableWaitsForNodeRankZeroOrOne) {
+  Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
+  for (Agent* agent : {&a, &b, &c}) Join(*agent, "job", 1, 3);
+  const v1::Membership keeper =
+      b.Received(v1::CoordinatorMessage::kMembership)[0].membership();
+  const v1::Membership view =
+      c.Received(v1::CoordinatorMessage::kMembership)[0].membership();
+  ASSERT_EQ(view.nodes_size(), 0);
+
+  Restart();
+  b = Connect("n1");
+  c = Connect("n2");
+  Send(c, RejoinWith(view, 3, 7));
+  EXPECT_THAT(c.Received(v1::CoordinatorMessage::kJoinAccepted), IsEmpty());
+  EXPECT_THAT(c.Received(v1::CoordinatorMessage::kError), IsEmpty());
+  EXPECT_FALSE(coordinator_->GetJob("job").ok());
+
+  Send(b, RejoinWith(keeper, 3, 7));
+  for (Agent* agent : {&b, &c}) {
+    auto accepted = agent->Received(v1::CoordinatorMessage::kJoinAccepted);
+    ASSERT_THAT(accepted, SizeIs(1)) << agent->LastError().message();
+    EXPECT_EQ(accepted[0].join_accepted().state(), v1::JOB_STATE_RUNNING);
+  }
+  const v1::JobStatus status = Status("job");
+  EXPECT_EQ(status.generation(), 1);
+  ASSERT_EQ(status.members_size(), 3);
+  EXPECT_TRUE(status.members(2).connected());
+  // n0 never reported: it is lost after the liveness timeout, as before.
+  RunUntil(
+      {&b, &c},
+      [&] {
+        return !b.Received(v1::CoordinatorMessage::kGenerationAborted).empty();
+      },
+      absl::Seconds(30));
+  EXPECT_EQ(b.Received(v1::CoordinatorMessage::kGenerationAborted)[0]
+                .generation_aborted()
+                .lost_node(),
+            "n0");
+}
+
+// With neither node rank 0 nor 1 back, nothing can rebuild the generation:
+// the waiting node is told to join again, within the liveness timeout.
+TEST_F(CoordinatorTest, AParkedRejoinIsToldToJoinAgainWithoutATableHolder) {
+  Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
+  for (Agent* agent : {&a, &b, &c}) Join(*agent, "job", 1, 3);
+  const v1::Membership view =
+      c.Received(v1::CoordinatorMessage::kMembership)[0].membership();
+  Restart();
+  c = Connect("n2");
+  Send(c, RejoinWith(view, 3));
+  const absl::Duration took = RunUntil(
+      {&c}, [&] { return !c.Received(v1::CoordinatorMessage::kError).empty(); },
+      absl::Seconds(30));
+  EXPECT_LE(took, options_.liveness_timeout + options_.tick_interval);
+  const v1::Error error = c.LastError();
+  EXPECT_EQ(error.code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(error.message(),
+              HasSubstr("neither node rank 0 nor 1 of job \"job\" generation "
+                        "1 re-reported"));
+  EXPECT_THAT(error.message(), HasSubstr("join again"));
+  // Joining again forms the name's next run.
+  Join(c, "job", 1, 1);
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+}
+
+// A re-report is checked against the agent's own entry: one naming another
+// node is refused at once.
+TEST_F(CoordinatorTest, ARejoinMustBeAddressedToTheReportingNode) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  for (Agent* agent : {&a, &b}) Join(*agent, "job", 1, 2);
+  const v1::Membership view =
+      a.Received(v1::CoordinatorMessage::kMembership)[0].membership();
+  Restart();
+  b = Connect("n1");
+  Send(b, RejoinWith(view, 2));
+  EXPECT_THAT(b.LastError().message(),
+              HasSubstr("RejoinJob.membership.self names node \"n0\", not "
+                        "this agent's node \"n1\""));
 }
 
 // Found by coordinator_fuzz: a restarted coordinator forgets a job name's

@@ -72,6 +72,7 @@ TEST_F(DataPlaneSecretTest, RecoveryKeepsTheSecretTheAgentsReport) {
   Join(a, "job", 1, 2);
   Join(b, "job", 1, 2);
   const v1::Membership sealed = LastMembership(a);
+  const v1::Membership sealed_b = LastMembership(b);
 
   Restart();
   a = Connect("n0");
@@ -87,7 +88,7 @@ TEST_F(DataPlaneSecretTest, RecoveryKeepsTheSecretTheAgentsReport) {
   Rejoin(a, sealed);
   ASSERT_THAT(a.Received(v1::CoordinatorMessage::kJoinAccepted), SizeIs(1))
       << a.LastError().message();
-  v1::Membership other = sealed;
+  v1::Membership other = sealed_b;
   other.mutable_data_plane_secret()->back() ^= 1;
   Rejoin(b, other);
   EXPECT_THAT(b.Received(v1::CoordinatorMessage::kJoinAccepted), SizeIs(0));
@@ -97,7 +98,7 @@ TEST_F(DataPlaneSecretTest, RecoveryKeepsTheSecretTheAgentsReport) {
   // Neither error quotes a secret.
   EXPECT_EQ(b.LastError().SerializeAsString().find(sealed.data_plane_secret()),
             std::string::npos);
-  Rejoin(b, sealed);
+  Rejoin(b, sealed_b);
   EXPECT_THAT(b.Received(v1::CoordinatorMessage::kJoinAccepted), SizeIs(1))
       << b.LastError().message();
   EXPECT_EQ(EverythingStatusSays("job").find(sealed.data_plane_secret()),
