@@ -12,7 +12,15 @@
 namespace baton::agent::sim {
 namespace {
 
-enum MessageKind : int { kVector = 0, kWake = 1, kUp = 2, kDown = 3 };
+// kVector: the all-to-all's. The tree's (TcpTreeRounds): a join word, a
+// body up (a leaf's comes with its join: kJoinAndUp), the result down.
+enum MessageKind : int {
+  kVector = 0,
+  kJoin = 1,
+  kJoinAndUp = 2,
+  kUp = 3,
+  kDown = 4
+};
 constexpr int64_t kStartTimer = 0;
 
 // The nodes' side of the rounds: what each does with its news and with
@@ -141,21 +149,24 @@ class RoundsModel : public SimulatedReceiver {
                                               payload, vector_bytes_});
       }
     } else {
-      // Wake every neighbour that has not spoken in this round.
-      const auto heard = [&](int peer) {
-        for (const SimulatedMessage& m : now) {
-          if (m.from == peer) return true;
+      // TcpTreeRounds: a join word to every neighbour at once, parent
+      // first; a leaf's vector goes to its parent with its join.
+      if (node.parent >= 0) {
+        if (node.children.empty()) {
+          node.sent_up = true;
+          t = network_.Send(
+              t, SimulatedMessage{
+                     n, node.parent, node.round, kJoinAndUp,
+                     std::make_shared<const std::vector<int64_t>>(node.vec),
+                     vector_bytes_ + 8});
+        } else {
+          t = network_.Send(t, SimulatedMessage{n, node.parent, node.round,
+                                                kJoin, nullptr, 8});
         }
-        return false;
-      };
-      std::vector<int> neighbours;
-      if (node.parent >= 0) neighbours.push_back(node.parent);
-      neighbours.insert(neighbours.end(), node.children.begin(),
-                        node.children.end());
-      for (int peer : neighbours) {
-        if (heard(peer)) continue;
+      }
+      for (int child : node.children) {
         t = network_.Send(
-            t, SimulatedMessage{n, peer, node.round, kWake, nullptr, 8});
+            t, SimulatedMessage{n, child, node.round, kJoin, nullptr, 8});
       }
     }
     const int64_t round = node.round;
@@ -185,8 +196,9 @@ class RoundsModel : public SimulatedReceiver {
           Finish(n, t);
         }
         break;
-      case kWake:
+      case kJoin:
         break;
+      case kJoinAndUp:
       case kUp:
         t = network_.Compute(n, t, config_.costs.combine_us);
         NegotiationWorkload::Combine(*m.payload, &node.vec);

@@ -15,15 +15,14 @@ enum class RoundProtocol {
   // other node in rank order, reads the N-1 vectors of the others, takes
   // their minimum and decodes. N x (N-1) messages.
   kAllToAll,
-  // The NegotiationTree (root 0, children r * fanout + 1 ..): a node
-  // entering a round encodes and sends a wake (one header word) to each tree
-  // neighbour it has not heard from in this round, so the wake spreads from
-  // the node(s) that started the round over every edge; once its children's
-  // vectors are in it sends the minimum of theirs and its own to its
-  // parent; the root's minimum is the result, which it sends to its
-  // children and every node forwards to its own before decoding. Three
-  // messages per edge (wake, vector up, result down) when one node starts
-  // the round, four when both ends of an edge wake each other at once.
+  // TcpTreeRounds on the NegotiationTree (root 0, children r * fanout + 1
+  // ..): a node entering a round (its own news, or the first word of the
+  // round from a neighbour) encodes and sends a join word to its parent and
+  // to each child, a leaf its vector with the join to its parent; once its
+  // children's vectors are in, a node sends the minimum of theirs and its
+  // own to its parent; the root's minimum is the result, which it sends to
+  // its children and every node forwards to its own before decoding. Three
+  // messages on an edge to a leaf, four on any other.
   kTree,
 };
 
@@ -64,8 +63,9 @@ struct SimulationResult {
   // vectors; not the framing).
   int64_t messages = 0;
   int64_t bytes = 0;
-  // Every node decoded every round alike, and launched the same partitions
-  // in the same order; the first failure, empty when none.
+  // Decodes that differed from the first node's of their round, and nodes
+  // whose launches (partitions, order, fusion) differ from node 0's: 0 and
+  // 0 when every node agreed.
   int64_t outcome_mismatches = 0;
   int64_t launch_mismatches = 0;
   // Agreed tensors and launches on node 0 over all rounds.

@@ -10,6 +10,7 @@
 
 #include "agent/bench/simulated_network.h"
 #include "agent/scheduler/negotiation.h"
+#include "agent/scheduler/negotiation_tree.h"
 
 namespace baton::agent::sim {
 namespace {
@@ -116,28 +117,33 @@ TEST_P(ProtocolTest, AllToAllSendsEveryVectorToEveryOtherNode) {
   }
 }
 
-TEST_P(ProtocolTest, TreeSendsThreeMessagesPerEdgeFromOneStarter) {
-  const int n = GetParam();
-  for (int fanout : {2, 4, 8}) {
-    const SimulationConfig c =
-        Config(n, RoundProtocol::kTree, fanout, RoundStarters::kLeaf);
-    const SimulationResult r = Simulate(c);
-    // A wake, the subtree's vector up and the result down on each edge.
-    EXPECT_EQ(r.messages, 3 * int64_t{n - 1}) << "fanout " << fanout;
-    EXPECT_EQ(r.bytes, int64_t{n - 1} * (8 + 2 * VectorMessageBytes(c)));
-    EXPECT_EQ(r.outcome_mismatches, 0);
-    EXPECT_EQ(r.launch_mismatches, 0);
-    EXPECT_GE(r.agreed, c.workload.tensors);
+// TcpTreeRounds' messages: on an edge to a leaf, the parent's join word,
+// the leaf's join with its vector, the result; on any other edge a join
+// word each way, the subtree's vector up, the result down. So 3 (N - 1)
+// plus one per node other than the root that has children, whoever starts.
+int64_t TreeMessages(int n, int fanout) {
+  int64_t inner = 0;
+  for (int r = 1; r < n; ++r) {
+    if (!NegotiationTree(r, n, fanout).children().empty()) ++inner;
   }
+  return 3 * int64_t{n - 1} + inner;
 }
 
-TEST_P(ProtocolTest, TreeEndsWakeEachOtherWhenEveryNodeStarts) {
+TEST_P(ProtocolTest, TreeSendsAJoinEachWayAVectorUpAndTheResultDown) {
   const int n = GetParam();
-  const SimulationResult r =
-      Simulate(Config(n, RoundProtocol::kTree, 4, RoundStarters::kAll));
-  EXPECT_EQ(r.messages, 4 * int64_t{n - 1});
-  EXPECT_EQ(r.outcome_mismatches, 0);
-  EXPECT_EQ(r.launch_mismatches, 0);
+  for (int fanout : {2, 4, 8}) {
+    for (RoundStarters who : {RoundStarters::kLeaf, RoundStarters::kAll}) {
+      const SimulationConfig c = Config(n, RoundProtocol::kTree, fanout, who);
+      const SimulationResult r = Simulate(c);
+      EXPECT_EQ(r.messages, TreeMessages(n, fanout))
+          << "fanout " << fanout << ", " << RoundStartersName(who);
+      // Per edge: two join words and two vectors with their count words.
+      EXPECT_EQ(r.bytes, int64_t{n - 1} * (16 + 2 * VectorMessageBytes(c)));
+      EXPECT_EQ(r.outcome_mismatches, 0);
+      EXPECT_EQ(r.launch_mismatches, 0);
+      EXPECT_GE(r.agreed, c.workload.tensors);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Nodes, ProtocolTest,
@@ -149,7 +155,7 @@ TEST(NegotiationSimulationTest, TreeAt4096NodesIsSixLevelsDeepAtFanout4) {
   c.rounds = 1;
   const SimulationResult r = Simulate(c);
   EXPECT_EQ(r.depth, 6);
-  EXPECT_EQ(r.messages, 3 * 4095);
+  EXPECT_EQ(r.messages, TreeMessages(4096, 4));
   EXPECT_EQ(r.outcome_mismatches, 0);
   EXPECT_EQ(r.launch_mismatches, 0);
 }
