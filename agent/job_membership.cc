@@ -1,6 +1,7 @@
 #include "agent/job_membership.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -565,6 +566,11 @@ void JobMembership::OnDataPlaneConnected(
   }
   Scheduler::Callbacks callbacks;
   callbacks.op_done = callbacks_.op_done;
+  callbacks.round_exchanged = [metrics = env_.metrics](
+                                  std::chrono::steady_clock::duration exchange,
+                                  bool started) {
+    metrics->NegotiationRound(exchange, started);
+  };
   auto plane_ptr = std::make_shared<Scheduler*>(nullptr);
   callbacks.stopped = [this, plane_ptr](absl::Status status) {
     callbacks_.post([this, plane_ptr, status = std::move(status)] {
