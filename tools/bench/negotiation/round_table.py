@@ -74,6 +74,7 @@ def main():
     p.add_argument('--steps', type=int, required=True)
     p.add_argument('--tensors', type=int, required=True)
     p.add_argument('--agent-flags', default='')
+    p.add_argument('--agent-bin', default='')
     p.add_argument('--rate', default='')
     p.add_argument('variants', nargs='+')
     a = p.parse_args()
@@ -82,7 +83,8 @@ def main():
           f'({"links shaped to " + a.rate + " Mbit/s" if a.rate else "unshaped veth links"}), '
           f'one trainer each: {a.steps} steps of {a.tensors} int64 tensors '
           f'push-pulled at once, every element checked.'
-          + (f' Agent flags for all: `{a.agent_flags}`.' if a.agent_flags else ''))
+          + (f' Agent flags for all: `{a.agent_flags}`.' if a.agent_flags else '')
+          + (f' Agent binary: `{a.agent_bin}`.' if a.agent_bin else ''))
     print()
     print('| variant | agent flags | exact results | one launch order | launches per node '
           '| rounds per node | round p50 (started) | round p99 (started) '
