@@ -56,9 +56,9 @@ JobMetrics::JobMetrics(std::string job,
       credit_in_use_(families_->credit_in_use.Add({{kJobLabel, job_}})),
       trainers_(families_->trainers.Add({{kJobLabel, job_}})),
       rounds_started_(families_->rounds.Add(
-          {{kJobLabel, job_}, {"node", "started"}}, RoundBuckets())),
+          {{kJobLabel, job_}, {"started_by", "this_node"}}, RoundBuckets())),
       rounds_joined_(families_->rounds.Add(
-          {{kJobLabel, job_}, {"node", "joined"}}, RoundBuckets())) {}
+          {{kJobLabel, job_}, {"started_by", "peer"}}, RoundBuckets())) {}
 
 void JobMetrics::OperationCompleted(const std::string& tensor,
                                     std::chrono::steady_clock::duration latency,
@@ -150,11 +150,11 @@ std::shared_ptr<const JobMetrics::Families> AgentMetrics::NewFamilies() {
           .Register(*registry),
       prometheus::BuildHistogram()
           .Name("baton_negotiation_round_seconds")
-          .Help("The job's negotiation rounds across nodes, as this node's "
-                "exchange took them: node=\"started\" when this node had "
-                "news of its own (the whole round, from its send to the "
-                "result), \"joined\" when a peer's round woke it (from its "
-                "joining on).")
+          .Help("The job's negotiation rounds across nodes, as long as this "
+                "node's exchange took: started_by=\"this_node\" when this "
+                "node had news of its own (the whole round, from its send to "
+                "the result), \"peer\" when another node's round woke it "
+                "(from its joining on).")
           .Register(*registry),
   });
 }

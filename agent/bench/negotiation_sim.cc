@@ -52,6 +52,17 @@ DEFINE_double(send_cpu_us, -1,
               "CPU per message sent; negative: measured on loopback TCP");
 DEFINE_double(recv_cpu_us, -1,
               "CPU per message received (poll + recv); negative: measured");
+DEFINE_double(encode_us, -1,
+              "CPU of Negotiation::Encode per node and round; negative: "
+              "measured");
+DEFINE_double(combine_us, -1,
+              "CPU of the minimum of one received vector; negative: measured");
+DEFINE_double(decode_us, -1, "CPU of Negotiation::Decode; negative: measured");
+DEFINE_double(plan_us, -1,
+              "CPU of the launch planning after a round; negative: measured");
+DEFINE_bool(calibrate_only, false,
+            "print the measured costs as flags for later runs (so that "
+            "several runs use the same costs), and exit");
 DEFINE_int32(tensors, 161, "tensors in the plan (ResNet-50: 161)");
 DEFINE_int32(ready_per_round, 161, "tensors that become ready per round");
 DEFINE_int64(straggle_one_in, 0,
@@ -178,8 +189,13 @@ int Main() {
   base.network.header_bytes = FLAGS_header_bytes;
   const int64_t message_bytes =
       8 * (1 + static_cast<int64_t>(Negotiation::VectorSize(FLAGS_tensors)));
+  const auto given = [](double flag) { return flag >= 0; };
+  const bool all_given = given(FLAGS_encode_us) && given(FLAGS_combine_us) &&
+                         given(FLAGS_decode_us) && given(FLAGS_plan_us) &&
+                         given(FLAGS_send_cpu_us) && given(FLAGS_recv_cpu_us);
   double send_us = 0, recv_us = 0;
-  for (int batch = 0; batch < std::max(1, FLAGS_calibration_batches); ++batch) {
+  for (int batch = 0;
+       !all_given && batch < std::max(1, FLAGS_calibration_batches); ++batch) {
     const RoundCosts costs = NegotiationWorkload::Calibrate(
         base.workload, FLAGS_calibration_repeats);
     const auto [send, recv] =
@@ -194,28 +210,40 @@ int Main() {
     lowest(send_us, send);
     lowest(recv_us, recv);
   }
-  base.network.send_cpu_us =
-      FLAGS_send_cpu_us >= 0 ? FLAGS_send_cpu_us : send_us;
-  base.network.recv_cpu_us =
-      FLAGS_recv_cpu_us >= 0 ? FLAGS_recv_cpu_us : recv_us;
+  const auto choose = [&](double flag, double measured) {
+    return given(flag) ? flag : measured;
+  };
+  base.costs.encode_us = choose(FLAGS_encode_us, base.costs.encode_us);
+  base.costs.combine_us = choose(FLAGS_combine_us, base.costs.combine_us);
+  base.costs.decode_us = choose(FLAGS_decode_us, base.costs.decode_us);
+  base.costs.plan_us = choose(FLAGS_plan_us, base.costs.plan_us);
+  base.network.send_cpu_us = choose(FLAGS_send_cpu_us, send_us);
+  base.network.recv_cpu_us = choose(FLAGS_recv_cpu_us, recv_us);
+  if (FLAGS_calibrate_only) {
+    std::printf(
+        "--encode_us=%.3f --combine_us=%.3f --decode_us=%.3f --plan_us=%.3f "
+        "--send_cpu_us=%.3f --recv_cpu_us=%.3f\n",
+        base.costs.encode_us, base.costs.combine_us, base.costs.decode_us,
+        base.costs.plan_us, base.network.send_cpu_us, base.network.recv_cpu_us);
+    return 0;
+  }
 
   std::printf(
       "Wire: %.3g us latency, %.3g Gbit/s per link and direction, %lld bytes "
       "of framing per message.\n"
-      "Per node (the lowest median of %d batches of %d real calls on this "
-      "machine): encode %.2f us, "
-      "combine one vector %.2f us, decode %.2f us, launch planning %.2f us; "
-      "per message %s send %.2f us, %s poll+recv %.2f us. Vector: %d tensors, "
-      "%lld bytes with its count word.\n\n",
+      "Per node (%s): encode %.2f us, combine one vector %.2f us, decode "
+      "%.2f us, launch planning %.2f us; per message send %.2f us, "
+      "poll+recv %.2f us (loopback TCP). Vector: %d tensors, %lld bytes with "
+      "its count word.\n\n",
       FLAGS_latency_us, FLAGS_gbit_per_s,
       static_cast<long long>(FLAGS_header_bytes),
-      std::max(1, FLAGS_calibration_batches), FLAGS_calibration_repeats,
+      all_given ? "wall time of the real calls, measured earlier and given as "
+                  "flags"
+                : "wall time of the real calls on this machine, the lowest "
+                  "median of the calibration batches, unless given as flags",
       base.costs.encode_us, base.costs.combine_us, base.costs.decode_us,
-      base.costs.plan_us, FLAGS_send_cpu_us >= 0 ? "(given)" : "(loopback)",
-      base.network.send_cpu_us,
-      FLAGS_recv_cpu_us >= 0 ? "(given)" : "(loopback)",
-      base.network.recv_cpu_us, FLAGS_tensors,
-      static_cast<long long>(message_bytes));
+      base.costs.plan_us, base.network.send_cpu_us, base.network.recv_cpu_us,
+      FLAGS_tensors, static_cast<long long>(message_bytes));
   std::printf(
       "| protocol | started by | N | depth | round latency | latency / "
       "log2(N) | rounds/s one after another | messages/round | bytes/round |\n"

@@ -74,8 +74,8 @@ TEST(AgentMetricsTest, NegotiationRoundsAreCountedByWhoStartedThem) {
   job->NegotiationRound(std::chrono::microseconds(900), /*started=*/true);
   job->NegotiationRound(std::chrono::microseconds(40), /*started=*/false);
   const std::string text = Scrape(metrics);
-  const std::string started = "{job_name=\"j1\",node=\"started\"";
-  const std::string joined = "{job_name=\"j1\",node=\"joined\"";
+  const std::string started = "{job_name=\"j1\",started_by=\"this_node\"";
+  const std::string joined = "{job_name=\"j1\",started_by=\"peer\"";
   EXPECT_EQ(
       SampleMismatches(
           text,

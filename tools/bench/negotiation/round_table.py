@@ -28,7 +28,7 @@ def histograms(path):
         m = BUCKET.match(line.strip())
         if not m:
             continue
-        role = label(m.group('labels'), 'node')
+        role = label(m.group('labels'), 'started_by')
         le = label(m.group('labels'), 'le')
         bound = math.inf if le == '+Inf' else float(le)
         per = out.setdefault(role, {})
@@ -87,8 +87,8 @@ def main():
           + (f' Agent binary: `{a.agent_bin}`.' if a.agent_bin else ''))
     print()
     print('| variant | agent flags | exact results | one launch order | launches per node '
-          '| rounds per node | round p50 (started) | round p99 (started) '
-          '| round p50 (joined) | round p99 (joined) | step p50 | step p99 |')
+          '| rounds per node | round p50, started here | p99 '
+          '| round p50, joined | p99 | step p50 | step p99 |')
     print('|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
     bad = []
     for name in a.variants:
@@ -101,8 +101,8 @@ def main():
         identical, launches, files = traces(os.path.join(d, 'traces'))
         identical = identical and files == a.nodes
         h = histograms(os.path.join(d, 'metrics.txt'))
-        started = h.get('started', {})
-        joined = h.get('joined', {})
+        started = h.get('this_node', {})
+        joined = h.get('peer', {})
         count = lambda c: c[max(c)] if c else 0
         rounds = (count(started) + count(joined)) / a.nodes
         med = lambda key: (statistics.median(r[key] for r in rows)
@@ -125,8 +125,9 @@ def main():
     print()
     print('Round latency: each node\'s NegotiationWire::ExchangeMin, from the '
           'agents\' baton_negotiation_round_seconds histograms summed over the '
-          'nodes (p50/p99 interpolated within the buckets); "started": nodes '
-          'with news of their own, "joined": nodes a peer\'s round woke. Step: '
+          'nodes (p50/p99 interpolated within the buckets); "started here": '
+          'nodes with news of their own (started_by="this_node"), "joined": '
+          'nodes another\'s round woke (started_by="peer"). Step: '
           'the median over the trainers of each one\'s p50/p99.')
     for b in bad:
         print(b, file=sys.stderr)
