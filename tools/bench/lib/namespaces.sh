@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Network namespaces for the benchmarks that run one baton-agent per
 # "machine" on this one (tools/bench/scheduling/run,
 # tools/bench/negotiation/namespaces). Source it; it defines functions only.
