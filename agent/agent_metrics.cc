@@ -17,6 +17,17 @@ const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
   return *buckets;
 }
 
+// Negotiation round buckets, in seconds: from a round on loopback (~50 us)
+// to one that waits for a slow node.
+const prometheus::Histogram::BucketBoundaries& RoundBuckets() {
+  static const auto* const buckets =
+      new prometheus::Histogram::BucketBoundaries{
+          0.00002, 0.00005, 0.0001, 0.00015, 0.0002, 0.0003, 0.0004,
+          0.0005,  0.00075, 0.001,  0.0015,  0.002,  0.003,  0.005,
+          0.0075,  0.01,    0.025,  0.05,    0.1,    0.25,   1};
+  return *buckets;
+}
+
 }  // namespace
 
 // The families live in `registry`, which owns them.
@@ -28,6 +39,7 @@ struct JobMetrics::Families {
   prometheus::Family<prometheus::Gauge>& queue_depth;
   prometheus::Family<prometheus::Gauge>& credit_in_use;
   prometheus::Family<prometheus::Gauge>& trainers;
+  prometheus::Family<prometheus::Histogram>& rounds;
 };
 
 JobMetrics::JobMetrics(std::string job,
@@ -42,7 +54,11 @@ JobMetrics::JobMetrics(std::string job,
           {{kJobLabel, job_}, {"result", "refused"}})),
       queue_depth_(families_->queue_depth.Add({{kJobLabel, job_}})),
       credit_in_use_(families_->credit_in_use.Add({{kJobLabel, job_}})),
-      trainers_(families_->trainers.Add({{kJobLabel, job_}})) {}
+      trainers_(families_->trainers.Add({{kJobLabel, job_}})),
+      rounds_started_(families_->rounds.Add(
+          {{kJobLabel, job_}, {"started_by", "this_node"}}, RoundBuckets())),
+      rounds_joined_(families_->rounds.Add(
+          {{kJobLabel, job_}, {"started_by", "peer"}}, RoundBuckets())) {}
 
 void JobMetrics::OperationCompleted(const std::string& tensor,
                                     std::chrono::steady_clock::duration latency,
@@ -66,6 +82,12 @@ void JobMetrics::OperationFailed() { failed_.Increment(); }
 
 void JobMetrics::EnqueueRefused() { refused_.Increment(); }
 
+void JobMetrics::NegotiationRound(std::chrono::steady_clock::duration exchange,
+                                  bool started) {
+  (started ? rounds_started_ : rounds_joined_)
+      .Observe(std::chrono::duration<double>(exchange).count());
+}
+
 void JobMetrics::SetDataPlane(int64_t queue_depth,
                               int64_t credit_in_use_bytes) {
   queue_depth_.Set(static_cast<double>(queue_depth));
@@ -87,6 +109,8 @@ void JobMetrics::Remove() {
   families_->queue_depth.Remove(&queue_depth_);
   families_->credit_in_use.Remove(&credit_in_use_);
   families_->trainers.Remove(&trainers_);
+  families_->rounds.Remove(&rounds_started_);
+  families_->rounds.Remove(&rounds_joined_);
 }
 
 std::shared_ptr<const JobMetrics::Families> AgentMetrics::NewFamilies() {
@@ -123,6 +147,14 @@ std::shared_ptr<const JobMetrics::Families> AgentMetrics::NewFamilies() {
       prometheus::BuildGauge()
           .Name("baton_trainers_attached")
           .Help("Trainers of the job attached to this agent.")
+          .Register(*registry),
+      prometheus::BuildHistogram()
+          .Name("baton_negotiation_round_seconds")
+          .Help("The job's negotiation rounds across nodes, as long as this "
+                "node's exchange took: started_by=\"this_node\" when this "
+                "node had news of its own (the whole round, from its send to "
+                "the result), \"peer\" when another node's round woke it "
+                "(from its joining on).")
           .Register(*registry),
   });
 }

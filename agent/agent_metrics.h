@@ -36,6 +36,11 @@ class JobMetrics {
   void OperationFailed();
   // A trainer's enqueue was refused before it became an operation.
   void EnqueueRefused();
+  // A negotiation round of the job's data plane: this node's exchange took
+  // `exchange`; `started`: this node had news of its own (Scheduler::
+  // Callbacks::round_exchanged).
+  void NegotiationRound(std::chrono::steady_clock::duration exchange,
+                        bool started);
   // Sampled state: the data plane's queue depth and credit in use (0 and 0
   // without a data plane), and the trainers attached and not detached.
   void SetDataPlane(int64_t queue_depth, int64_t credit_in_use_bytes);
@@ -60,6 +65,8 @@ class JobMetrics {
   prometheus::Gauge& queue_depth_;
   prometheus::Gauge& credit_in_use_;
   prometheus::Gauge& trainers_;
+  prometheus::Histogram& rounds_started_;
+  prometheus::Histogram& rounds_joined_;
 
   absl::Mutex mu_;
   // By tensor name, created at the tensor's first completion.

@@ -579,6 +579,10 @@ void JobMembership::OnDataPlaneConnected(
   }
   Scheduler::Callbacks callbacks;
   callbacks.op_done = callbacks_.op_done;
+  callbacks.round_exchanged = [metrics = env_.metrics](absl::Duration exchange,
+                                                       bool started) {
+    metrics->NegotiationRound(absl::ToChronoNanoseconds(exchange), started);
+  };
   auto plane_ptr = std::make_shared<Scheduler*>(nullptr);
   callbacks.stopped = [this, plane_ptr](absl::Status status) {
     callbacks_.post([this, plane_ptr, status = std::move(status)] {

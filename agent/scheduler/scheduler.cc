@@ -256,9 +256,11 @@ bool Scheduler::Round(std::vector<int64_t>& vec, int32_t& body) {
   // What this node said it had in flight: credit freed during the exchange
   // is seen only by the next round.
   int64_t encoded_in_flight = 0;
+  bool started = false;
   {
     absl::MutexLock lock(&mu_);
     if (!AwaitNews(body)) return false;
+    started = dirty_ || leaving_;
     dirty_ = false;
     Negotiation::LocalState state;
     state.mode = options_.mode;
@@ -286,11 +288,16 @@ bool Scheduler::Round(std::vector<int64_t>& vec, int32_t& body) {
       absl::MutexLock lock(&mu_);
       negotiation = negotiation_.get();
     }
+    const absl::Time exchange_start = options_.clock->Now();
     const absl::Status status =
         negotiation->ExchangeMin(vec.data(), vec.size(), opts);
     if (!status.ok()) {
       NegotiationFailed(status);
       return false;
+    }
+    if (callbacks_.round_exchanged) {
+      callbacks_.round_exchanged(options_.clock->Now() - exchange_start,
+                                 started);
     }
   }
   const Negotiation::Outcome outcome = Negotiation::Decode(vec, body);

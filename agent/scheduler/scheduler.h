@@ -73,6 +73,11 @@ class Scheduler {
     // failed, nodes disagree on the scheduling mode, or a node left. Runs
     // before the op_done of the operations that stop fails.
     std::function<void(absl::Status status)> stopped;
+    // Optional, after every round across nodes: how long this node's
+    // NegotiationWire::ExchangeMin took, and whether this node had news of
+    // its own (it started the round, or started it with others) rather
+    // than joining a round a peer started. Runs on the scheduler thread.
+    std::function<void(absl::Duration exchange, bool started)> round_exchanged;
   };
 
   struct Stats {

@@ -158,6 +158,18 @@ TEST(MetricsIntegrationTest, CoordinatorAndAgentsExposeAJobsProgress) {
         "")
         << "node " << node << ":\n"
         << text;
+    // The job's negotiation rounds: each node counts every round, as one
+    // it started or one a peer's round woke it for.
+    const double rounds =
+        SampleValue(text,
+                    "baton_negotiation_round_seconds_count{job_name="
+                    "\"metrics\",started_by=\"this_node\"}")
+            .value_or(0) +
+        SampleValue(text,
+                    "baton_negotiation_round_seconds_count{job_name="
+                    "\"metrics\",started_by=\"peer\"}")
+            .value_or(0);
+    EXPECT_GE(rounds, 1) << "node " << node << ":\n" << text;
     ExpectPromtoolAccepts(text, absl::StrCat("agent of node ", node));
   }
 

@@ -67,6 +67,39 @@ TEST(AgentMetricsTest, CompletedOperationsFillTheTensorsLatencyHistogram) {
       << text;
 }
 
+TEST(AgentMetricsTest, NegotiationRoundsAreCountedByWhoStartedThem) {
+  AgentMetrics metrics(absl::Seconds(300));
+  std::shared_ptr<JobMetrics> job = metrics.ForJob("j1");
+  job->NegotiationRound(std::chrono::microseconds(180), /*started=*/true);
+  job->NegotiationRound(std::chrono::microseconds(900), /*started=*/true);
+  job->NegotiationRound(std::chrono::microseconds(40), /*started=*/false);
+  const std::string text = Scrape(metrics);
+  const std::string started = "{job_name=\"j1\",started_by=\"this_node\"";
+  const std::string joined = "{job_name=\"j1\",started_by=\"peer\"";
+  EXPECT_EQ(
+      SampleMismatches(
+          text,
+          {
+              {"baton_negotiation_round_seconds_count" + started + "}", 2},
+              {"baton_negotiation_round_seconds_count" + joined + "}", 1},
+              // 180 us is in the 200 us bucket, 900 us only from 1 ms on.
+              {"baton_negotiation_round_seconds_bucket" + started +
+                   ",le=\"0.0002\"}",
+               1},
+              {"baton_negotiation_round_seconds_bucket" + started +
+                   ",le=\"0.00075\"}",
+               1},
+              {"baton_negotiation_round_seconds_bucket" + started +
+                   ",le=\"0.001\"}",
+               2},
+              {"baton_negotiation_round_seconds_bucket" + joined +
+                   ",le=\"5e-05\"}",
+               1},
+          }),
+      "")
+      << text;
+}
+
 TEST(AgentMetricsTest, AJobAttachedAgainKeepsCounting) {
   AgentMetrics metrics(absl::Seconds(300));
   metrics.ForJob("j1")->OperationCompleted("w", milliseconds(1), 8);

@@ -234,6 +234,8 @@ struct Node {
   std::map<uint64_t, absl::Status> done;
   std::condition_variable cv;
   absl::Status stopped;
+  // Callbacks::round_exchanged: per round, whether this node started it.
+  std::vector<bool> rounds_started;
 
   absl::Status WaitDone(uint64_t id) {
     std::unique_lock<std::mutex> lock(mu);
@@ -293,6 +295,11 @@ class SchedulerTest : public ::testing::TestWithParam<bool> {
       callbacks.stopped = [n](absl::Status status) {
         std::lock_guard<std::mutex> lock(n->mu);
         n->stopped = status;
+      };
+      callbacks.round_exchanged = [n](absl::Duration d, bool started) {
+        EXPECT_GE(d, absl::ZeroDuration());
+        std::lock_guard<std::mutex> lock(n->mu);
+        n->rounds_started.push_back(started);
       };
       auto& comms = cluster_->communicators[rank];
       auto negotiation = std::move(cluster_->negotiations[rank]);
@@ -522,6 +529,42 @@ TEST_P(SchedulerTest, SmallTensorsAgreedTogetherFuseIntoOneCollective) {
   }
   EXPECT_EQ(launches[1], launches[0]);
   EXPECT_EQ(launches[2], launches[0]);
+}
+
+// Every node reports each round it ran (the agent's
+// baton_negotiation_round_seconds), and only rounds that a node with news
+// started exist: nobody polls.
+TEST_P(SchedulerTest, EveryRoundIsReportedAndWasStartedBySomeNode) {
+  Start(2, SchedulerOptions());
+  constexpr int kTensors = 6;
+  for (auto& node : nodes_) node->plane->SetKnownTensors(kTensors);
+  OnEveryNode(2, [&](int rank) {
+    for (uint32_t t = 0; t < kTensors; ++t) {
+      nodes_[rank]->plane->Submit(
+          SumOp(rank, t, static_cast<int32_t>(t), 0, 64, 0));
+      std::this_thread::sleep_for(std::chrono::microseconds(300 * rank));
+    }
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    for (uint32_t t = 0; t < kTensors; ++t) {
+      ASSERT_TRUE(nodes_[rank]->WaitDone(t * 1000 + 1).ok());
+    }
+  }
+  std::vector<std::vector<bool>> started(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    // The round that agreed the last tensor was reported before its
+    // operation completed, and nothing asks for a round after it.
+    const int64_t rounds = nodes_[rank]->plane->stats().rounds;
+    std::lock_guard<std::mutex> lock(nodes_[rank]->mu);
+    started[rank] = nodes_[rank]->rounds_started;
+    EXPECT_EQ(static_cast<int64_t>(started[rank].size()), rounds)
+        << "node " << rank;
+  }
+  ASSERT_EQ(started[0].size(), started[1].size());
+  ASSERT_FALSE(started[0].empty());
+  for (size_t i = 0; i < started[0].size(); ++i) {
+    EXPECT_TRUE(started[0][i] || started[1][i]) << "round " << i;
+  }
 }
 
 TEST_P(SchedulerTest, MismatchedStepsFailOnEveryNodeAndOthersGoOn) {
