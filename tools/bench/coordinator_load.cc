@@ -1,7 +1,9 @@
 // baton-coordinator-load: N simulated agents in one process against a running
 // coordinator. Measures how long the job takes to seal, the heartbeat round
-// trip in steady state, errors, and (given its pid) the coordinator's memory
-// and CPU.
+// trip in steady state, how long the job's whole status (every page of
+// Status.GetJob) takes meanwhile, errors, and (given its pid) the
+// coordinator's memory and CPU. With --restart_file, also how long every
+// agent takes to rejoin a restarted coordinator.
 //
 // Each agent is one AgentSession stream (a callback reactor with its own
 // outbound queue and one write in flight); agents are spread over several
@@ -9,8 +11,8 @@
 // agent's heartbeats and step reports.
 //
 // This file holds the flags, the run's phases and the report; the agents are
-// in simulated_agent.h, their timers in ticker.h and what they observe in
-// load_recorder.h.
+// in simulated_agent.h, their timers in ticker.h, what they observe in
+// load_recorder.h and the status queries in status_probe.h.
 
 #include <gflags/gflags.h>
 #include <grpcpp/grpcpp.h>
@@ -38,8 +40,11 @@
 #include "common/tls.h"
 #include "common/tls_flags.h"
 #include "tools/bench/load_recorder.h"
+#include "tools/bench/membership_store.h"
 #include "tools/bench/process_sample.h"
+#include "tools/bench/rejoin_after_restart.h"
 #include "tools/bench/simulated_agent.h"
+#include "tools/bench/status_probe.h"
 #include "tools/bench/ticker.h"
 
 DEFINE_string(coordinator, "", "Coordinator to load, host:port (required)");
@@ -64,6 +69,22 @@ DEFINE_int32(seal_timeout_s, 60,
              "membership");
 DEFINE_int32(agents_per_channel, 256,
              "Sessions per channel (TCP connection) to the coordinator");
+DEFINE_int32(status_interval_ms, 1000,
+             "In steady state, fetch the job's whole status (every page of "
+             "Status.GetJob) this often and time it (0: never)");
+DEFINE_int32(status_page_size, 0,
+             "Members per Status.GetJob page (0: the coordinator's default)");
+DEFINE_string(restart_file, "",
+              "Restart scenario: after the steady state, say so on stderr "
+              "(\"ready for the coordinator restart\"), wait for every "
+              "stream to end (the coordinator killed) and for this file to "
+              "hold \"PID START_UNIX_MS\" of the coordinator started again "
+              "on the same address; then every agent reconnects and rejoins, "
+              "and the time from that start until the job runs again with "
+              "every member connected at the same generation is measured");
+DEFINE_int32(restart_timeout_s, 120,
+             "Restart scenario: seconds for each of its waits (the kill, the "
+             "file, every agent's rejoin)");
 
 namespace baton::bench {
 namespace {
@@ -76,9 +97,9 @@ constexpr char kUsage[] =
     "[--duration_s=S] [--coordinator_pid=PID] [--json] [--print_status]";
 
 // How long the reachability probe, the streams' ending after LeaveJob and
-// Status.GetJob may take.
+// Status.GetJob (each page) may take.
 constexpr absl::Duration kReachTimeout = absl::Seconds(5);
-constexpr absl::Duration kLeaveTimeout = absl::Seconds(30);
+constexpr absl::Duration kLeaveTimeout = absl::Seconds(60);
 constexpr absl::Duration kStatusTimeout = absl::Seconds(10);
 
 void RaiseFdLimit() {
@@ -116,16 +137,15 @@ std::shared_ptr<grpc::Channel> NewChannel(int index) {
       FLAGS_coordinator, ChannelCredentials(ChannelTlsFiles(index)), args);
 }
 
-absl::Status GetJob(const std::shared_ptr<grpc::Channel>& channel,
-                    absl::Duration timeout, v1::JobStatus* job) {
-  std::unique_ptr<v1::Status::Stub> stub = v1::Status::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+// The job's own fields (and one member): its events, generation, state.
+absl::Status GetJobSummary(StatusClient& client, v1::JobStatus* job) {
   v1::GetJobRequest request;
   request.set_job(FLAGS_job);
-  const grpc::Status status = stub->GetJob(&context, request, job);
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  request.set_page_size(1);
+  absl::StatusOr<v1::JobStatus> page = client.GetJobPage(request);
+  if (!page.ok()) return page.status();
+  *job = *std::move(page);
+  return absl::OkStatus();
 }
 
 // When the coordinator recorded the job's latest seal; InfinitePast if its
@@ -190,7 +210,14 @@ struct Results {
   ProcessSample coordinator;
   double steady_cpu_pct = -1;
   double client_cpu_s = 0;
+  StatusProbe::Summary status;
+  RestartResults restart;
 };
+
+double Percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return -1;
+  return sorted[static_cast<size_t>(q * (sorted.size() - 1) + 0.5)];
+}
 
 double PercentileMs(const std::vector<int64_t>& sorted_us, double q) {
   if (sorted_us.empty()) return -1;
@@ -260,6 +287,38 @@ void PrintResults(const Results& r, FILE* human) {
     }
     std::fprintf(human, "\n");
   }
+  const StatusProbe::Summary& st = r.status;
+  if (st.fetches > 0) {
+    std::fprintf(human,
+                 "  whole status (Status.GetJob, %d pages, %d members, %.1f "
+                 "KiB) in steady state: p50 %.1f ms, max %.1f ms over %d "
+                 "fetches (%d failed%s%s); a page: p50 %.1f ms, max %.1f ms\n",
+                 st.pages_per_fetch, st.members, st.bytes_per_fetch / 1024.0,
+                 Percentile(st.fetch_ms, 0.5), Percentile(st.fetch_ms, 1.0),
+                 st.fetches, st.failures, st.failures > 0 ? ": " : "",
+                 st.first_failure.c_str(), Percentile(st.page_ms, 0.5),
+                 Percentile(st.page_ms, 1.0));
+  }
+  const RestartResults& rs = r.restart;
+  if (rs.asked) {
+    if (rs.rejoined) {
+      std::fprintf(
+          human,
+          "  coordinator restart: from its start, sessions accepted again "
+          "after %.3f s, every rejoin accepted after %.3f s, the job running "
+          "with %d of %d members connected at generation %lld (before: "
+          "%lld) after %.3f s; CPU meanwhile: coordinator %.2f s, load "
+          "generator %.2f s; coordinator RSS then %.1f MiB\n",
+          rs.reaccept_s, rs.rejoin_s, rs.connected_after, r.nodes,
+          static_cast<long long>(rs.generation_after),
+          static_cast<long long>(rs.generation_before), rs.running_again_s,
+          rs.coordinator_cpu_s, rs.client_cpu_s, rs.coordinator.rss_mib);
+    } else {
+      std::fprintf(human,
+                   "  coordinator restart FAILED: %s (%d of %d rejoined)\n",
+                   rs.failure.c_str(), rs.rejoins, r.nodes);
+    }
+  }
   if (!FLAGS_json) return;
   std::printf(
       "{\"nodes\":%d,\"channels\":%d,\"duration_s\":%d,\"sealed\":%s,"
@@ -271,7 +330,7 @@ void PrintResults(const Results& r, FILE* human) {
       "\"errors\":%lld,\"error_messages\":%lld,\"stream_failures\":%lld,"
       "\"clean_closes\":%lld,\"aborted_generations\":%lld,\"rss_mib\":%.1f,"
       "\"hwm_mib\":%.1f,\"cpu_s\":%.2f,\"steady_cpu_pct\":%.1f,"
-      "\"client_cpu_s\":%.2f}\n",
+      "\"client_cpu_s\":%.2f,",
       r.nodes, r.channels, FLAGS_duration_s, r.sealed ? "true" : "false",
       r.memberships, r.accept_s, r.seal_s, r.coordinator_seal_s,
       r.seal_coordinator_cpu_s, r.seal_client_cpu_s, samples,
@@ -284,6 +343,24 @@ void PrintResults(const Results& r, FILE* human) {
       static_cast<long long>(c.aborted_generations), r.coordinator.rss_mib,
       r.coordinator.hwm_mib, r.coordinator.cpu_s, r.steady_cpu_pct,
       r.client_cpu_s);
+  std::printf(
+      "\"status_fetches\":%d,\"status_failures\":%d,\"status_pages\":%d,"
+      "\"status_members\":%d,\"status_kib\":%.1f,\"status_p50_ms\":%.2f,"
+      "\"status_max_ms\":%.2f,\"status_page_p50_ms\":%.2f,"
+      "\"status_page_max_ms\":%.2f,\"restart\":%s,\"rejoined\":%s,"
+      "\"rejoins\":%d,\"reaccept_s\":%.3f,\"rejoin_s\":%.3f,"
+      "\"running_again_s\":%.3f,\"generation_before\":%lld,"
+      "\"generation_after\":%lld,\"connected_after\":%d,"
+      "\"rejoin_coordinator_cpu_s\":%.2f,\"rejoin_client_cpu_s\":%.2f,"
+      "\"restarted_rss_mib\":%.1f}\n",
+      st.fetches, st.failures, st.pages_per_fetch, st.members,
+      st.bytes_per_fetch / 1024.0, Percentile(st.fetch_ms, 0.5),
+      Percentile(st.fetch_ms, 1.0), Percentile(st.page_ms, 0.5),
+      Percentile(st.page_ms, 1.0), rs.asked ? "true" : "false",
+      rs.rejoined ? "true" : "false", rs.rejoins, rs.reaccept_s, rs.rejoin_s,
+      rs.running_again_s, static_cast<long long>(rs.generation_before),
+      static_cast<long long>(rs.generation_after), rs.connected_after,
+      rs.coordinator_cpu_s, rs.client_cpu_s, rs.coordinator.rss_mib);
 }
 
 // Copies what every run reports, whatever phase it reached.
@@ -369,15 +446,20 @@ int Main(int argc, char** argv) {
     return 1;
   }
 
+  StatusClient status_client(FLAGS_coordinator, kStatusTimeout,
+                             ChannelCredentials(ChannelTlsFiles(0)));
+  status_client.set_page_size(FLAGS_status_page_size);
   LoadRecorder recorder;
+  MembershipStore memberships;
   std::vector<std::unique_ptr<SimulatedAgent>> agents;
   // Declared after the agents, so destroyed (its thread joined) first.
   Ticker ticker([&agents](int32_t agent, TimerKind kind) {
     agents[agent]->OnTimer(kind);
   });
   for (int i = 0; i < FLAGS_nodes; ++i) {
-    agents.push_back(std::make_unique<SimulatedAgent>(i, FLAGS_nodes, FLAGS_job,
-                                                      &recorder, &ticker));
+    agents.push_back(std::make_unique<SimulatedAgent>(
+        i, FLAGS_nodes, FLAGS_job, &recorder, &ticker,
+        FLAGS_restart_file.empty() ? nullptr : &memberships));
   }
 
   // Sessions: every Hello answered before the first JoinJob.
@@ -430,7 +512,7 @@ int Main(int argc, char** argv) {
     ticker.Stop();
     Collect(recorder, ticker, &results);
     v1::JobStatus job;
-    if (GetJob(channels[0], kReachTimeout, &job).ok() &&
+    if (GetJobSummary(status_client, &job).ok() &&
         SealedAt(job) != absl::InfinitePast()) {
       results.coordinator_seal_s =
           absl::ToDoubleSeconds(SealedAt(job) - join_start);
@@ -449,20 +531,41 @@ int Main(int argc, char** argv) {
   // Steady state: heartbeats sent from now on are measured.
   const absl::Time window_end =
       recorder.OpenWindow(absl::Seconds(FLAGS_duration_s));
-  absl::SleepFor(window_end - absl::Now());
+  if (FLAGS_status_interval_ms > 0) {
+    StatusProbe probe(&status_client, FLAGS_job, FLAGS_status_page_size,
+                      absl::Milliseconds(FLAGS_status_interval_ms));
+    absl::SleepFor(window_end - absl::Now());
+    probe.Stop();
+    results.status = probe.Take();
+  } else {
+    absl::SleepFor(window_end - absl::Now());
+  }
   results.coordinator = SampleProcess(FLAGS_coordinator_pid);
   if (results.coordinator.ok) {
     results.steady_cpu_pct =
         100 * (results.coordinator.cpu_s - after_seal.cpu_s) / FLAGS_duration_s;
   }
   v1::JobStatus job;
-  const absl::Status job_status = GetJob(channels[0], kStatusTimeout, &job);
+  const absl::Status job_status = GetJobSummary(status_client, &job);
   if (job_status.ok() && SealedAt(job) != absl::InfinitePast()) {
     results.coordinator_seal_s =
         absl::ToDoubleSeconds(SealedAt(job) - join_start);
   }
   // Answers to the window's last heartbeats may still be on their way.
   absl::SleepFor(absl::Milliseconds(200));
+  if (!FLAGS_restart_file.empty()) {
+    // The agents keep heartbeating meanwhile, as the new coordinator's
+    // liveness deadlines need.
+    RestartOptions options;
+    options.file = FLAGS_restart_file;
+    options.timeout = absl::Seconds(FLAGS_restart_timeout_s);
+    options.job = FLAGS_job;
+    options.page_size = FLAGS_status_page_size;
+    options.agents_per_channel = FLAGS_agents_per_channel;
+    options.stream_time = kLeaveTimeout + kStatusTimeout;
+    results.restart = RestartAndRejoin(options, agents, stubs, recorder,
+                                       status_client, job.generation());
+  }
   ticker.Stop();
 
   // The end: every agent leaves (finished) and closes its stream.
@@ -485,6 +588,11 @@ int Main(int argc, char** argv) {
     PrintJob(job, human);
   }
   std::fflush(nullptr);
+  if (results.restart.asked && !results.restart.rejoined) {
+    std::fprintf(stderr, "baton-coordinator-load: the restart failed: %s\n",
+                 results.restart.failure.c_str());
+    return 1;
+  }
   return all_left ? 0 : 1;
 }
 
