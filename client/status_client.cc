@@ -53,7 +53,6 @@ absl::StatusOr<v1::JobStatus> StatusClient::GetJob(const std::string& job) {
     for (int64_t pages = 0;; ++pages) {
       page = GetJobPage(request);
       if (!page.ok()) break;
-      members.Reserve(page->total_members());
       for (v1::MemberStatus& m : *page->mutable_members()) {
         members.Add(std::move(m));
       }

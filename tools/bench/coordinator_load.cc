@@ -137,15 +137,20 @@ std::shared_ptr<grpc::Channel> NewChannel(int index) {
   // agents at 10,000 nodes), read by a generator that shares the machine's
   // cores with the coordinator. A real agent's connection carries its own.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 120000);
+  // Back to a restarted coordinator as soon as a real agent would be
+  // (agent/agent.cc, --reconnect_max_backoff_ms's default).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   return grpc::CreateCustomChannel(
       FLAGS_coordinator, ChannelCredentials(ChannelTlsFiles(index)), args);
 }
 
-// The job's own fields (and one member): its events, generation, state.
+// The job's own fields (its events, generation, state) and the first
+// three members, for PrintJob.
 absl::Status GetJobSummary(StatusClient& client, v1::JobStatus* job) {
   v1::GetJobRequest request;
   request.set_job(FLAGS_job);
-  request.set_page_size(1);
+  request.set_page_size(3);
   absl::StatusOr<v1::JobStatus> page = client.GetJobPage(request);
   if (!page.ok()) return page.status();
   *job = *std::move(page);
@@ -172,7 +177,7 @@ void PrintJob(const v1::JobStatus& job, FILE* out) {
                job.job().c_str(), v1::JobState_Name(job.state()).c_str(),
                job.state_reason().c_str(),
                static_cast<long long>(job.generation()), job.world_size(),
-               static_cast<long long>(job.global_step()), job.members_size());
+               static_cast<long long>(job.global_step()), job.total_members());
   for (int i = 0; i < std::min(3, job.members_size()); ++i) {
     const v1::MemberStatus& m = job.members(i);
     std::fprintf(out, "  %s rank %d at %s, last seen %lld ms ago\n",
