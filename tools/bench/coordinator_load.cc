@@ -324,8 +324,11 @@ void PrintResults(const Results& r, FILE* human) {
           rs.coordinator_cpu_s, rs.client_cpu_s, rs.coordinator.rss_mib);
     } else {
       std::fprintf(human,
-                   "  coordinator restart FAILED: %s (%d of %d rejoined)\n",
-                   rs.failure.c_str(), rs.rejoins, r.nodes);
+                   "  coordinator restart FAILED: %s (from its start: %d of %d "
+                   "sessions accepted again by %.3f s, %d rejoins accepted "
+                   "from %.3f s to %.3f s)\n",
+                   rs.failure.c_str(), rs.reaccepted, r.nodes, rs.reaccept_s,
+                   rs.rejoins, rs.first_rejoin_s, rs.rejoin_s);
     }
   }
   if (!FLAGS_json) return;
@@ -357,7 +360,8 @@ void PrintResults(const Results& r, FILE* human) {
       "\"status_members\":%d,\"status_kib\":%.1f,\"status_p50_ms\":%.2f,"
       "\"status_max_ms\":%.2f,\"status_page_p50_ms\":%.2f,"
       "\"status_page_max_ms\":%.2f,\"restart\":%s,\"rejoined\":%s,"
-      "\"rejoins\":%d,\"reaccept_s\":%.3f,\"rejoin_s\":%.3f,"
+      "\"rejoins\":%d,\"reaccepted\":%d,\"reaccept_s\":%.3f,"
+      "\"first_rejoin_s\":%.3f,\"rejoin_s\":%.3f,"
       "\"running_again_s\":%.3f,\"generation_before\":%lld,"
       "\"generation_after\":%lld,\"connected_after\":%d,"
       "\"rejoin_coordinator_cpu_s\":%.2f,\"rejoin_client_cpu_s\":%.2f,"
@@ -366,8 +370,9 @@ void PrintResults(const Results& r, FILE* human) {
       st.bytes_per_fetch / 1024.0, Percentile(st.fetch_ms, 0.5),
       Percentile(st.fetch_ms, 1.0), Percentile(st.page_ms, 0.5),
       Percentile(st.page_ms, 1.0), rs.asked ? "true" : "false",
-      rs.rejoined ? "true" : "false", rs.rejoins, rs.reaccept_s, rs.rejoin_s,
-      rs.running_again_s, static_cast<long long>(rs.generation_before),
+      rs.rejoined ? "true" : "false", rs.rejoins, rs.reaccepted, rs.reaccept_s,
+      rs.first_rejoin_s, rs.rejoin_s, rs.running_again_s,
+      static_cast<long long>(rs.generation_before),
       static_cast<long long>(rs.generation_after), rs.connected_after,
       rs.coordinator_cpu_s, rs.client_cpu_s, rs.coordinator.rss_mib);
 }

@@ -57,13 +57,19 @@ RestartResults RestartAndRejoin(
   const bool all = recorder.AwaitRejoined(nodes, absl::Now() + limit);
   const LoadRecorder::Snapshot s = recorder.Take();
   result.rejoins = s.rejoined.count;
+  result.reaccepted = s.reaccepted.count;
+  if (s.reaccepted.count > 0) {
+    result.reaccept_s = absl::ToDoubleSeconds(s.reaccepted.last - started);
+  }
+  if (s.rejoined.count > 0) {
+    result.first_rejoin_s = absl::ToDoubleSeconds(s.rejoined.first - started);
+    result.rejoin_s = absl::ToDoubleSeconds(s.rejoined.last - started);
+  }
   if (!all) {
     result.failure = absl::StrCat("only ", s.rejoined.count, " of ", nodes,
                                   " agents rejoined within ", seconds);
     return result;
   }
-  result.reaccept_s = absl::ToDoubleSeconds(s.reaccepted.last - started);
-  result.rejoin_s = absl::ToDoubleSeconds(s.rejoined.last - started);
   // Running again as status shows it: every member connected.
   bool running = false;
   for (const absl::Time deadline = absl::Now() + limit;

@@ -39,9 +39,12 @@ struct RestartResults {
   bool rejoined = false;
   std::string failure;
   int rejoins = 0;
-  // Every session accepted again; every RejoinJob accepted; status shows
-  // the job running with every member connected.
+  int reaccepted = 0;
+  // The last session accepted again; the first and the last RejoinJob
+  // accepted (so far, when not every agent rejoined); status shows the job
+  // running with every member connected.
   double reaccept_s = -1;
+  double first_rejoin_s = -1;
   double rejoin_s = -1;
   double running_again_s = -1;
   int64_t generation_before = 0;
