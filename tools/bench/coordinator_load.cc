@@ -69,6 +69,10 @@ DEFINE_int32(seal_timeout_s, 60,
              "membership");
 DEFINE_int32(agents_per_channel, 256,
              "Sessions per channel (TCP connection) to the coordinator");
+DEFINE_int32(expected_nodes, 0,
+             "The job's expected_nodes (0: --nodes). Above --nodes the job "
+             "never seals: the steady state then measures heartbeats and "
+             "whole-status queries of a forming job of --nodes members");
 DEFINE_int32(status_interval_ms, 1000,
              "In steady state, fetch the job's whole status (every page of "
              "Status.GetJob) this often and time it (0: never)");
@@ -211,6 +215,8 @@ struct Results {
   double coordinator_seal_s = -1;
   double seal_client_cpu_s = -1;
   double seal_coordinator_cpu_s = -1;
+  // --expected_nodes above --nodes: the job forms and never seals.
+  bool forming = false;
   std::vector<int64_t> round_trips_us;  // Sorted.
   int64_t window_heartbeats = 0;
   double ticker_lag_ms = 0;
@@ -246,6 +252,12 @@ void PrintResults(const Results& r, FILE* human) {
   std::fprintf(human,
                "  sessions accepted after %.3f s (first to last %.3f s)\n",
                r.accept_s, r.accept_spread_s);
+  if (r.forming) {
+    std::fprintf(human,
+                 "  forming job (expects %d nodes, never sealed): %d joins "
+                 "accepted within %.3f s of the first JoinJob\n",
+                 FLAGS_expected_nodes, r.joins_accepted, r.seal_s);
+  }
   if (r.sealed) {
     std::fprintf(human,
                  "  time to seal %.3f s from the first JoinJob to the last "
@@ -253,6 +265,8 @@ void PrintResults(const Results& r, FILE* human) {
                  "meanwhile: coordinator %.2f s, load generator %.2f s\n",
                  r.seal_s, r.coordinator_seal_s, r.seal_coordinator_cpu_s,
                  r.seal_client_cpu_s);
+  }
+  if (r.sealed || r.forming) {
     std::fprintf(human,
                  "  heartbeat round trip in steady state: p50 %.2f ms, p99 "
                  "%.2f ms, max %.2f ms (%lld samples, %lld unanswered)\n",
@@ -333,7 +347,8 @@ void PrintResults(const Results& r, FILE* human) {
   }
   if (!FLAGS_json) return;
   std::printf(
-      "{\"nodes\":%d,\"channels\":%d,\"duration_s\":%d,\"sealed\":%s,"
+      "{\"nodes\":%d,\"channels\":%d,\"duration_s\":%d,\"forming\":%s,"
+      "\"sealed\":%s,"
       "\"memberships\":%d,\"accept_s\":%.4f,\"seal_s\":%.4f,"
       "\"coordinator_seal_s\":%.3f,\"seal_coordinator_cpu_s\":%.2f,"
       "\"seal_client_cpu_s\":%.2f,\"latency_samples\":%lld,"
@@ -343,11 +358,11 @@ void PrintResults(const Results& r, FILE* human) {
       "\"clean_closes\":%lld,\"aborted_generations\":%lld,\"rss_mib\":%.1f,"
       "\"hwm_mib\":%.1f,\"cpu_s\":%.2f,\"steady_cpu_pct\":%.1f,"
       "\"client_cpu_s\":%.2f,",
-      r.nodes, r.channels, FLAGS_duration_s, r.sealed ? "true" : "false",
-      r.memberships, r.accept_s, r.seal_s, r.coordinator_seal_s,
-      r.seal_coordinator_cpu_s, r.seal_client_cpu_s, samples,
-      static_cast<long long>(r.window_heartbeats) - samples, p50, p99, max,
-      r.ticker_lag_ms, static_cast<long long>(c.heartbeats),
+      r.nodes, r.channels, FLAGS_duration_s, r.forming ? "true" : "false",
+      r.sealed ? "true" : "false", r.memberships, r.accept_s, r.seal_s,
+      r.coordinator_seal_s, r.seal_coordinator_cpu_s, r.seal_client_cpu_s,
+      samples, static_cast<long long>(r.window_heartbeats) - samples, p50, p99,
+      max, r.ticker_lag_ms, static_cast<long long>(c.heartbeats),
       static_cast<long long>(c.reports), errors,
       static_cast<long long>(c.errors),
       static_cast<long long>(c.stream_failures),
@@ -424,6 +439,17 @@ int Main(int argc, char** argv) {
                  "--connect_timeout_s must be positive\n");
     return 2;
   }
+  if (FLAGS_expected_nodes != 0 &&
+      (FLAGS_expected_nodes < FLAGS_nodes || FLAGS_expected_nodes > 100000 ||
+       !FLAGS_restart_file.empty())) {
+    std::fprintf(stderr,
+                 "baton-coordinator-load: --expected_nodes must be 0 or in "
+                 "--nodes..100000, and the restart scenario needs a sealed "
+                 "job (--expected_nodes 0)\n");
+    return 2;
+  }
+  const int32_t expected_nodes =
+      FLAGS_expected_nodes > 0 ? FLAGS_expected_nodes : FLAGS_nodes;
   // The certificate of channel 0 stands for all of them in the check.
   if (absl::Status checked = CheckTlsFiles(ChannelTlsFiles(0)); !checked.ok()) {
     std::fprintf(stderr, "baton-coordinator-load: %s\n",
@@ -472,7 +498,7 @@ int Main(int argc, char** argv) {
   });
   for (int i = 0; i < FLAGS_nodes; ++i) {
     agents.push_back(std::make_unique<SimulatedAgent>(
-        i, FLAGS_nodes, FLAGS_job, &recorder, &ticker,
+        i, expected_nodes, FLAGS_job, &recorder, &ticker,
         FLAGS_restart_file.empty() ? nullptr : &memberships));
   }
 
@@ -514,14 +540,20 @@ int Main(int argc, char** argv) {
   const double client_cpu_before_join = OwnCpuSeconds();
   const absl::Time join_start = absl::Now();
   for (auto& agent : agents) agent->Join();
-  results.sealed = recorder.AwaitMemberships(
-      FLAGS_nodes, join_start + absl::Seconds(FLAGS_seal_timeout_s));
+  results.forming = expected_nodes > FLAGS_nodes;
+  if (results.forming) {
+    results.forming = recorder.AwaitJoinsAccepted(
+        FLAGS_nodes, join_start + absl::Seconds(FLAGS_seal_timeout_s));
+  } else {
+    results.sealed = recorder.AwaitMemberships(
+        FLAGS_nodes, join_start + absl::Seconds(FLAGS_seal_timeout_s));
+  }
   const ProcessSample after_seal = SampleProcess(FLAGS_coordinator_pid);
   results.seal_client_cpu_s = OwnCpuSeconds() - client_cpu_before_join;
   if (after_seal.ok) {
     results.seal_coordinator_cpu_s = after_seal.cpu_s - before_join.cpu_s;
   }
-  if (!results.sealed) {
+  if (!results.sealed && !results.forming) {
     results.coordinator = after_seal;
     ticker.Stop();
     Collect(recorder, ticker, &results);
@@ -539,8 +571,10 @@ int Main(int argc, char** argv) {
     CancelAll(agents, recorder);
     return 1;
   }
-  results.seal_s =
-      absl::ToDoubleSeconds(recorder.Take().memberships.last - join_start);
+  const LoadRecorder::Snapshot joined = recorder.Take();
+  results.seal_s = absl::ToDoubleSeconds(
+      (results.forming ? joined.joins_accepted.last : joined.memberships.last) -
+      join_start);
 
   // Steady state: heartbeats sent from now on are measured.
   const absl::Time window_end =

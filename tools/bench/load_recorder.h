@@ -142,6 +142,9 @@ class LoadRecorder {
   bool AwaitMemberships(int count, absl::Time deadline) {
     return Await(&memberships_, count, deadline);
   }
+  bool AwaitJoinsAccepted(int count, absl::Time deadline) {
+    return Await(&joins_accepted_, count, deadline);
+  }
   bool AwaitRejoined(int count, absl::Time deadline) {
     return Await(&rejoined_, count, deadline);
   }
