@@ -42,8 +42,47 @@ absl::StatusOr<v1::ListJobsResponse> StatusClient::ListJobs() {
 absl::StatusOr<v1::JobStatus> StatusClient::GetJob(const std::string& job) {
   v1::GetJobRequest request;
   request.set_job(job);
-  return Call<v1::GetJobRequest, v1::JobStatus>("Status/GetJob", job, request,
-                                                &v1::Status::Stub::GetJob);
+  request.set_page_size(page_size_);
+  for (int attempt = 0;; ++attempt) {
+    request.clear_page_token();
+    google::protobuf::RepeatedPtrField<v1::MemberStatus> members;
+    absl::StatusOr<v1::JobStatus> page;
+    // Each page holds at least one member, so a job has at most
+    // total_members pages; a coordinator that kept answering would be
+    // stopped there.
+    for (int64_t pages = 0;; ++pages) {
+      page = GetJobPage(request);
+      if (!page.ok()) break;
+      for (v1::MemberStatus& m : *page->mutable_members()) {
+        members.Add(std::move(m));
+      }
+      if (page->next_page_token().empty()) break;
+      if (page->next_page_token() == request.page_token() ||
+          pages > page->total_members()) {
+        return absl::InternalError(absl::StrCat(
+            "Status/GetJob of job \"", job, "\" at the coordinator ", address_,
+            " kept answering with more pages (", pages + 1, " pages, ",
+            members.size(), " members of ", page->total_members(),
+            "): report this as a bug"));
+      }
+      request.set_page_token(page->next_page_token());
+    }
+    if (page.ok()) {
+      page->mutable_members()->Swap(&members);
+      page->clear_next_page_token();
+      return page;
+    }
+    if (page.status().code() != absl::StatusCode::kAborted ||
+        attempt + 1 >= kMembershipRetries) {
+      return page.status();
+    }
+  }
+}
+
+absl::StatusOr<v1::JobStatus> StatusClient::GetJobPage(
+    const v1::GetJobRequest& request) {
+  return Call<v1::GetJobRequest, v1::JobStatus>(
+      "Status/GetJob", request.job(), request, &v1::Status::Stub::GetJob);
 }
 
 absl::StatusOr<v1::TensorsStatus> StatusClient::GetTensors(

@@ -91,18 +91,67 @@ std::string StateSection(const v1::JobStatus& job, absl::Time now) {
   return Section("State", body);
 }
 
-std::string MembershipTable(const v1::JobStatus& job, absl::Time now) {
+// Needs a look: not connected, not sealed, or one of its ranks lags.
+bool Notable(const v1::MemberStatus& m) {
+  return !m.connected() || m.node_rank() < 0 ||
+         std::any_of(m.ranks().begin(), m.ranks().end(),
+                     [](const v1::RankStatus& r) { return r.lag() > 0; });
+}
+
+// The members a job's tables show, in the job's order: all of them up to
+// `max_members`; past it the notable ones first, then the others in order,
+// `max_members` in all.
+std::vector<const v1::MemberStatus*> ShownMembers(const v1::JobStatus& job,
+                                                  int max_members) {
+  std::vector<const v1::MemberStatus*> shown;
+  if (job.members_size() <= max_members) {
+    for (const v1::MemberStatus& m : job.members()) shown.push_back(&m);
+    return shown;
+  }
+  std::vector<bool> taken(job.members_size());
+  int count = 0;
+  for (bool notable : {true, false}) {
+    for (int i = 0; i < job.members_size() && count < max_members; ++i) {
+      if (!taken[i] && Notable(job.members(i)) == notable) {
+        taken[i] = true;
+        ++count;
+      }
+    }
+  }
+  for (int i = 0; i < job.members_size(); ++i) {
+    if (taken[i]) shown.push_back(&job.members(i));
+  }
+  return shown;
+}
+
+// Under a table that left members out: how many, and how to see them.
+std::string MoreMembers(const v1::JobStatus& job, int shown) {
+  if (shown >= job.members_size()) return "";
+  const int connected = static_cast<int>(
+      std::count_if(job.members().begin(), job.members().end(),
+                    [](const v1::MemberStatus& m) { return m.connected(); }));
+  return absl::StrFormat(
+      "  ... %d more nodes (%d of %d connected; shown: the disconnected, "
+      "unsealed and lagging first): batonctl members %s lists every node\n",
+      job.members_size() - shown, connected, job.members_size(), job.job());
+}
+
+std::string MembershipTable(const v1::JobStatus& job, absl::Time now,
+                            int max_members) {
   if (job.members().empty()) return "";
   TextTable table(
       {"NODE", "DATA ADDRESS", "NODE RANK", "RANKS", "LAST SEEN", "CONNECTED"});
-  for (const v1::MemberStatus& m : job.members()) {
+  const std::vector<const v1::MemberStatus*> shown =
+      ShownMembers(job, max_members);
+  for (const v1::MemberStatus* member : shown) {
+    const v1::MemberStatus& m = *member;
     table.AddRow(
         {m.node_name(), m.data_address().empty() ? "-" : m.data_address(),
          m.node_rank() < 0 ? "-" : absl::StrCat(m.node_rank()), RankRange(m),
          m.connected() ? FormatAgo(m.last_seen_unix_ms(), now) : "-",
          m.connected() ? "yes" : "no"});
   }
-  return table.Render("  ");
+  return table.Render("  ") + MoreMembers(job, static_cast<int>(shown.size()));
 }
 
 // "0.42 s".
@@ -169,7 +218,7 @@ std::string StepSection(const v1::JobStatus& job) {
                    "\n  lagging ranks: ", LaggingRanks(job), "\n"));
 }
 
-std::string SchedulingSection(const v1::JobStatus& job) {
+std::string SchedulingSection(const v1::JobStatus& job, int max_members) {
   const v1::PlanSummary& plan = job.plan();
   std::string body =
       plan.version() == 0
@@ -188,7 +237,10 @@ std::string SchedulingSection(const v1::JobStatus& job) {
       return bytes > 0 ? FormatBytes(bytes) + (tuned ? " (auto)" : "")
                        : std::string("-");
     };
-    for (const v1::MemberStatus& m : job.members()) {
+    const std::vector<const v1::MemberStatus*> shown =
+        ShownMembers(job, max_members);
+    for (const v1::MemberStatus* member : shown) {
+      const v1::MemberStatus& m = *member;
       // Unknown until the node's first report.
       table.AddRow(
           {m.node_name(), m.scheduling().empty() ? "-" : m.scheduling(),
@@ -197,7 +249,8 @@ std::string SchedulingSection(const v1::JobStatus& job) {
            absl::StrCat(m.queue_depth()), FormatBytes(m.bytes_in_flight()),
            FormatBytes(m.throughput_bytes_per_second()) + "/s"});
     }
-    body += table.Render("  ");
+    body +=
+        table.Render("  ") + MoreMembers(job, static_cast<int>(shown.size()));
   }
   return Section("Scheduling", body);
 }
@@ -297,20 +350,23 @@ std::string JobStateName(v1::JobState state) {
       absl::StripPrefix(v1::JobState_Name(state), "JOB_STATE_"));
 }
 
-std::string FormatJob(const v1::JobStatus& job, absl::Time now) {
+std::string FormatJob(const v1::JobStatus& job, absl::Time now,
+                      int max_members) {
   return absl::StrCat(
       "======== job ", job.job(), " ========\n", StateSection(job, now),
-      Section("Membership", MembershipTable(job, now)),
-      ReformsSection(job, now), StepSection(job), SchedulingSection(job),
-      StallsSection(job), MismatchesSection(job),
+      Section("Membership", MembershipTable(job, now, max_members)),
+      ReformsSection(job, now), StepSection(job),
+      SchedulingSection(job, max_members), StallsSection(job),
+      MismatchesSection(job),
       Section("Recent events", EventLines(job, kRecentEvents, now)));
 }
 
-std::string FormatJobs(const v1::ListJobsResponse& jobs, absl::Time now) {
+std::string FormatJobs(const v1::ListJobsResponse& jobs, absl::Time now,
+                       int max_members) {
   if (jobs.jobs().empty()) return "jobs: (none)\n";
   std::vector<std::string> blocks;
   for (const v1::JobStatus& job : jobs.jobs()) {
-    blocks.push_back(FormatJob(job, now));
+    blocks.push_back(FormatJob(job, now, max_members));
   }
   return absl::StrJoin(blocks, "\n");
 }
@@ -328,7 +384,7 @@ std::string FormatJobList(const v1::ListJobsResponse& jobs) {
 
 std::string FormatMembers(const v1::JobStatus& job, absl::Time now) {
   return Section(absl::StrCat("Membership of job ", job.job()),
-                 MembershipTable(job, now));
+                 MembershipTable(job, now, job.members_size()));
 }
 
 std::string FormatTensors(const v1::TensorsStatus& tensors) {

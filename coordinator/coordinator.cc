@@ -336,9 +336,26 @@ absl::StatusOr<std::string> Coordinator::CancelJob(const std::string& job,
 
 absl::StatusOr<v1::JobStatus> Coordinator::GetJob(
     const std::string& job) const {
+  return JobStatusPage(job, MemberPage::All());
+}
+
+absl::StatusOr<v1::JobStatus> Coordinator::GetJob(
+    const v1::GetJobRequest& request) const {
+  absl::StatusOr<MemberPage> page = MemberPage::FromRequest(request);
+  if (!page.ok()) return page.status();
+  return JobStatusPage(request.job(), *std::move(page));
+}
+
+absl::StatusOr<v1::JobStatus> Coordinator::JobStatusPage(
+    const std::string& job, MemberPage page) const {
   v1::JobStatus status;
   absl::Status found = jobs_.FillStatus(job, &status);
   if (!found.ok()) return found;
+  // The per-member step and scheduling fields are filled for the page's
+  // members only.
+  if (absl::Status selected = page.Select(&status); !selected.ok()) {
+    return selected;
+  }
   steps_.FillStatus(
       job, clock_->Now(),
       [&](uint32_t id) { return plans_.TensorName(job, id); }, &status);
@@ -346,6 +363,7 @@ absl::StatusOr<v1::JobStatus> Coordinator::GetJob(
   for (v1::TensorMismatchStatus& mismatch : plans_.Mismatches(job)) {
     *status.add_mismatches() = std::move(mismatch);
   }
+  page.Finish(&status);
   return status;
 }
 

@@ -14,6 +14,7 @@
 #include "coordinator/agent_channel.h"
 #include "coordinator/coordinator_options.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/member_page.h"
 #include "coordinator/reform_log.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/secret_source.h"
@@ -59,9 +60,12 @@ class Coordinator : private JobListener {
   void StoreAdd(const v1::StoreAddRequest& request, const PeerIdentity& caller,
                 std::function<void(absl::StatusOr<int64_t>)> done);
 
-  // Status API.
+  // Status API. ListJobs and GetJob(job) give every member of a job;
+  // GetJob(request) the page of members it asks for (MemberPage, in
+  // member_page.h), with the job's other fields whole.
   v1::ListJobsResponse ListJobs() const;
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job) const;
+  absl::StatusOr<v1::JobStatus> GetJob(const v1::GetJobRequest& request) const;
 
   // Admin API. Ends `job` as failed with the reason "cancelled by <who>:
   // <why>" (just "cancelled by <who>" without `why`), through the path of
@@ -115,6 +119,9 @@ class Coordinator : private JobListener {
                       const v1::RejoinJob& rejoin, const std::string& node_name,
                       bool created) override;
 
+  // `job`'s status with the members `page` selects.
+  absl::StatusOr<v1::JobStatus> JobStatusPage(const std::string& job,
+                                              MemberPage page) const;
   // OK when `scope` names the sealed current generation of a running job
   // and `caller` (when verified) names one of its members.
   absl::Status CheckStoreCaller(const v1::StoreScope& scope,

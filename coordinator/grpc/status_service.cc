@@ -43,7 +43,7 @@ grpc::ServerUnaryReactor* StatusService::GetJob(
     grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
     v1::JobStatus* response) {
   return AnswerOnLoop(context, response, [coordinator = coordinator_, request] {
-    return coordinator->GetJob(request->job());
+    return coordinator->GetJob(*request);
   });
 }
 

@@ -113,7 +113,7 @@ class Fixture {
       case kGetJob: {
         v1::GetJobRequest request;
         if (!request.ParseFromString(bytes)) return;
-        coordinator_.GetJob(request.job()).IgnoreError();
+        coordinator_.GetJob(request).IgnoreError();
         coordinator_.GetTensors(request.job()).IgnoreError();
         break;
       }

@@ -3,14 +3,15 @@
 //
 //   batonctl [--coordinator HOST:PORT] [--json] [--timeout_ms N] COMMAND ...
 //
-// Commands: status [JOB], jobs, members JOB, tensors JOB, events JOB,
+// Commands: status [JOB] [--all], jobs, members JOB, tensors JOB, events JOB,
 // watch [JOB] [--interval_ms N], timeline JOB --steps A:B [-o trace.json]
 // [--svg out.svg], cancel --job JOB [--reason TEXT]. --json prints the
 // response message (status.proto, admin.proto) as JSON instead of text.
 // The address defaults to $BATON_COORDINATOR (every flag has its
-// BATON_<FLAG> variable). With TLS: --tls_cert/--tls_key/--tls_ca, or
-// --tls_ca and --token_file (a bearer token; cancel needs one of scope
-// admin).
+// BATON_<FLAG> variable). A job's members come in pages (Status.GetJob,
+// --page_size per page): batonctl fetches them all. With TLS:
+// --tls_cert/--tls_key/--tls_ca, or --tls_ca and --token_file (a bearer token;
+// cancel needs one of scope admin).
 //
 // Exit codes: 0 done; 1 the coordinator could not answer, or there was
 // nothing to draw (one line on stderr saying what to check); 2 a usage
@@ -18,6 +19,7 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -53,13 +55,20 @@ DEFINE_string(output, "",
 DEFINE_string(svg, "", "timeline: an SVG picture of the steps to write");
 DEFINE_string(job, "", "cancel: the job to end as failed");
 DEFINE_string(reason, "", "cancel: why, recorded in the job's failure reason");
+DEFINE_bool(all, false,
+            "status, watch: list every node in the Membership and Scheduling "
+            "tables (by default at most 20: the disconnected, unsealed and "
+            "lagging first)");
+DEFINE_int32(page_size, 0,
+             "Members per Status.GetJob page (0: the coordinator's default); "
+             "batonctl fetches every page");
 
 namespace baton::batonctl {
 namespace {
 
 constexpr char kUsage[] =
     "batonctl [--coordinator HOST:PORT] [--json] [--timeout_ms N] COMMAND: "
-    "status [JOB] | jobs | members JOB | tensors JOB | events JOB | "
+    "status [JOB] [--all] | jobs | members JOB | tensors JOB | events JOB | "
     "watch [JOB] [--interval_ms N] | "
     "timeline JOB --steps A:B [-o trace.json] [--svg out.svg] | "
     "cancel --job JOB [--reason TEXT]";
@@ -90,14 +99,17 @@ absl::StatusOr<std::string> Render(const absl::StatusOr<Message>& response,
 // `status [JOB]`; also what watch draws.
 absl::StatusOr<std::string> StatusText(StatusClient& client,
                                        const std::string& job, Output output) {
+  const int max_members = FLAGS_all ? INT_MAX : kShownMembers;
   if (job.empty()) {
-    return Render(client.ListJobs(), output, [](const v1::ListJobsResponse& r) {
-      return FormatJobs(r, absl::Now());
-    });
+    return Render(client.ListJobs(), output,
+                  [max_members](const v1::ListJobsResponse& r) {
+                    return FormatJobs(r, absl::Now(), max_members);
+                  });
   }
-  return Render(client.GetJob(job), output, [](const v1::JobStatus& r) {
-    return FormatJob(r, absl::Now());
-  });
+  return Render(client.GetJob(job), output,
+                [max_members](const v1::JobStatus& r) {
+                  return FormatJob(r, absl::Now(), max_members);
+                });
 }
 
 absl::Status WriteFile(const std::string& path, const std::string& contents) {
@@ -269,6 +281,12 @@ int Run(const std::vector<std::string>& words) {
         absl::StrFormat("--timeout_ms=%d and --interval_ms=%d must be positive",
                         FLAGS_timeout_ms, FLAGS_interval_ms));
   }
+  if (FLAGS_page_size < 0) {
+    return UsageError(absl::StrFormat(
+        "--page_size=%d is negative: give the members per page, or 0 for the "
+        "coordinator's default",
+        FLAGS_page_size));
+  }
   if (command == "cancel" && FLAGS_job.empty()) {
     return UsageError("cancel needs a job: batonctl cancel --job JOB");
   }
@@ -300,6 +318,7 @@ int Run(const std::vector<std::string>& words) {
   if (command == "cancel") return Cancel(FLAGS_coordinator, *credentials);
   StatusClient client(FLAGS_coordinator, absl::Milliseconds(FLAGS_timeout_ms),
                       *credentials);
+  client.set_page_size(FLAGS_page_size);
   const Output output = FLAGS_json ? Output::kJson : Output::kText;
   const absl::Time now = absl::Now();
   absl::StatusOr<std::string> text;

@@ -1,7 +1,9 @@
 // baton-coordinator-load: N simulated agents in one process against a running
 // coordinator. Measures how long the job takes to seal, the heartbeat round
-// trip in steady state, errors, and (given its pid) the coordinator's memory
-// and CPU.
+// trip in steady state, how long the job's whole status (every page of
+// Status.GetJob) takes meanwhile, errors, and (given its pid) the
+// coordinator's memory and CPU. With --restart_file, also how long every
+// agent takes to rejoin a restarted coordinator.
 //
 // Each agent is one AgentSession stream (a callback reactor with its own
 // outbound queue and one write in flight); agents are spread over several
@@ -9,8 +11,8 @@
 // agent's heartbeats and step reports.
 //
 // This file holds the flags, the run's phases and the report; the agents are
-// in simulated_agent.h, their timers in ticker.h and what they observe in
-// load_recorder.h.
+// in simulated_agent.h, their timers in ticker.h, what they observe in
+// load_recorder.h and the status queries in status_probe.h.
 
 #include <gflags/gflags.h>
 #include <grpcpp/grpcpp.h>
@@ -38,8 +40,12 @@
 #include "common/tls.h"
 #include "common/tls_flags.h"
 #include "tools/bench/load_recorder.h"
+#include "tools/bench/load_report.h"
+#include "tools/bench/membership_store.h"
 #include "tools/bench/process_sample.h"
+#include "tools/bench/rejoin_after_restart.h"
 #include "tools/bench/simulated_agent.h"
+#include "tools/bench/status_probe.h"
 #include "tools/bench/ticker.h"
 
 DEFINE_string(coordinator, "", "Coordinator to load, host:port (required)");
@@ -64,6 +70,26 @@ DEFINE_int32(seal_timeout_s, 60,
              "membership");
 DEFINE_int32(agents_per_channel, 256,
              "Sessions per channel (TCP connection) to the coordinator");
+DEFINE_int32(expected_nodes, 0,
+             "The job's expected_nodes (0: --nodes). Above --nodes the job "
+             "never seals: the steady state then measures heartbeats and "
+             "whole-status queries of a forming job of --nodes members");
+DEFINE_int32(status_interval_ms, 1000,
+             "In steady state, fetch the job's whole status (every page of "
+             "Status.GetJob) this often and time it (0: never)");
+DEFINE_int32(status_page_size, 0,
+             "Members per Status.GetJob page (0: the coordinator's default)");
+DEFINE_string(restart_file, "",
+              "Restart scenario: after the steady state, say so on stderr "
+              "(\"ready for the coordinator restart\"), wait for every "
+              "stream to end (the coordinator killed) and for this file to "
+              "hold \"PID START_UNIX_MS\" of the coordinator started again "
+              "on the same address; then every agent reconnects and rejoins, "
+              "and the time from that start until the job runs again with "
+              "every member connected at the same generation is measured");
+DEFINE_int32(restart_timeout_s, 120,
+             "Restart scenario: seconds for each of its waits (the kill, the "
+             "file, every agent's rejoin)");
 
 namespace baton::bench {
 namespace {
@@ -76,9 +102,9 @@ constexpr char kUsage[] =
     "[--duration_s=S] [--coordinator_pid=PID] [--json] [--print_status]";
 
 // How long the reachability probe, the streams' ending after LeaveJob and
-// Status.GetJob may take.
+// Status.GetJob (each page) may take.
 constexpr absl::Duration kReachTimeout = absl::Seconds(5);
-constexpr absl::Duration kLeaveTimeout = absl::Seconds(30);
+constexpr absl::Duration kLeaveTimeout = absl::Seconds(60);
 constexpr absl::Duration kStatusTimeout = absl::Seconds(10);
 
 void RaiseFdLimit() {
@@ -111,21 +137,29 @@ std::shared_ptr<grpc::Channel> NewChannel(int index) {
   args.SetInt("baton.load.channel", index);
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  // A channel carries hundreds of agents: at the seal the ping's answer
+  // waits behind every one of their memberships (95 MB on a channel of 256
+  // agents at 10,000 nodes), read by a generator that shares the machine's
+  // cores with the coordinator. A real agent's connection carries its own.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 120000);
+  // Back to a restarted coordinator as soon as a real agent would be
+  // (agent/agent.cc, --reconnect_max_backoff_ms's default).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   return grpc::CreateCustomChannel(
       FLAGS_coordinator, ChannelCredentials(ChannelTlsFiles(index)), args);
 }
 
-absl::Status GetJob(const std::shared_ptr<grpc::Channel>& channel,
-                    absl::Duration timeout, v1::JobStatus* job) {
-  std::unique_ptr<v1::Status::Stub> stub = v1::Status::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+// The job's own fields (its events, generation, state) and the first
+// three members, for PrintJob.
+absl::Status GetJobSummary(StatusClient& client, v1::JobStatus* job) {
   v1::GetJobRequest request;
   request.set_job(FLAGS_job);
-  const grpc::Status status = stub->GetJob(&context, request, job);
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  request.set_page_size(3);
+  absl::StatusOr<v1::JobStatus> page = client.GetJobPage(request);
+  if (!page.ok()) return page.status();
+  *job = *std::move(page);
+  return absl::OkStatus();
 }
 
 // When the coordinator recorded the job's latest seal; InfinitePast if its
@@ -148,7 +182,7 @@ void PrintJob(const v1::JobStatus& job, FILE* out) {
                job.job().c_str(), v1::JobState_Name(job.state()).c_str(),
                job.state_reason().c_str(),
                static_cast<long long>(job.generation()), job.world_size(),
-               static_cast<long long>(job.global_step()), job.members_size());
+               static_cast<long long>(job.global_step()), job.total_members());
   for (int i = 0; i < std::min(3, job.members_size()); ++i) {
     const v1::MemberStatus& m = job.members(i);
     std::fprintf(out, "  %s rank %d at %s, last seen %lld ms ago\n",
@@ -167,123 +201,6 @@ void PrintJob(const v1::JobStatus& job, FILE* out) {
         e.kind().c_str(), static_cast<long long>(e.generation()),
         e.message().c_str());
   }
-}
-
-// What one run measured; -1 where a number was not measured.
-struct Results {
-  int nodes = 0;
-  int channels = 0;
-  bool sealed = false;
-  double accept_s = -1;
-  double accept_spread_s = -1;
-  int memberships = 0;
-  int joins_accepted = 0;
-  double seal_s = -1;
-  double coordinator_seal_s = -1;
-  double seal_client_cpu_s = -1;
-  double seal_coordinator_cpu_s = -1;
-  std::vector<int64_t> round_trips_us;  // Sorted.
-  int64_t window_heartbeats = 0;
-  double ticker_lag_ms = 0;
-  LoadRecorder::Counters counters;
-  std::vector<std::string> texts;
-  ProcessSample coordinator;
-  double steady_cpu_pct = -1;
-  double client_cpu_s = 0;
-};
-
-double PercentileMs(const std::vector<int64_t>& sorted_us, double q) {
-  if (sorted_us.empty()) return -1;
-  const size_t i = static_cast<size_t>(q * (sorted_us.size() - 1) + 0.5);
-  return sorted_us[i] / 1000.0;
-}
-
-void PrintResults(const Results& r, FILE* human) {
-  const double p50 = PercentileMs(r.round_trips_us, 0.50);
-  const double p99 = PercentileMs(r.round_trips_us, 0.99);
-  const double max = PercentileMs(r.round_trips_us, 1.0);
-  const long long samples = static_cast<long long>(r.round_trips_us.size());
-  const LoadRecorder::Counters& c = r.counters;
-  const long long errors = c.errors + c.stream_failures;
-  std::fprintf(human, "coordinator load: %d nodes on %d channels against %s\n",
-               r.nodes, r.channels, FLAGS_coordinator.c_str());
-  std::fprintf(human,
-               "  sessions accepted after %.3f s (first to last %.3f s)\n",
-               r.accept_s, r.accept_spread_s);
-  if (r.sealed) {
-    std::fprintf(human,
-                 "  time to seal %.3f s from the first JoinJob to the last "
-                 "membership (the coordinator's seal event: %.3f s); CPU "
-                 "meanwhile: coordinator %.2f s, load generator %.2f s\n",
-                 r.seal_s, r.coordinator_seal_s, r.seal_coordinator_cpu_s,
-                 r.seal_client_cpu_s);
-    std::fprintf(human,
-                 "  heartbeat round trip in steady state: p50 %.2f ms, p99 "
-                 "%.2f ms, max %.2f ms (%lld samples, %lld unanswered)\n",
-                 p50, p99, max, samples,
-                 static_cast<long long>(r.window_heartbeats) - samples);
-  } else {
-    std::fprintf(human,
-                 "  NOT SEALED within %d s: %d of %d joins accepted, %d of %d "
-                 "memberships received\n",
-                 FLAGS_seal_timeout_s, r.joins_accepted, r.nodes, r.memberships,
-                 r.nodes);
-  }
-  std::fprintf(human,
-               "  sent %lld heartbeats and %lld step reports (ticker late by "
-               "up to %.1f ms)\n",
-               static_cast<long long>(c.heartbeats),
-               static_cast<long long>(c.reports), r.ticker_lag_ms);
-  std::fprintf(human,
-               "  errors %lld (error messages %lld, failed streams %lld); "
-               "closed cleanly %lld; received %lld generation_aborted, %lld "
-               "plan, %lld job_ended, %lld shutdown\n",
-               errors, static_cast<long long>(c.errors),
-               static_cast<long long>(c.stream_failures),
-               static_cast<long long>(c.clean_closes),
-               static_cast<long long>(c.aborted_generations),
-               static_cast<long long>(c.plans),
-               static_cast<long long>(c.job_ended),
-               static_cast<long long>(c.shutdowns));
-  for (const std::string& text : r.texts) {
-    std::fprintf(human, "    %s\n", text.c_str());
-  }
-  if (r.coordinator.ok) {
-    std::fprintf(human,
-                 "  coordinator: RSS %.1f MiB (peak %.1f MiB), CPU %.2f s "
-                 "since start",
-                 r.coordinator.rss_mib, r.coordinator.hwm_mib,
-                 r.coordinator.cpu_s);
-    if (r.steady_cpu_pct >= 0) {
-      std::fprintf(human, ", %.0f%% of a core in steady state",
-                   r.steady_cpu_pct);
-    }
-    std::fprintf(human, "\n");
-  }
-  if (!FLAGS_json) return;
-  std::printf(
-      "{\"nodes\":%d,\"channels\":%d,\"duration_s\":%d,\"sealed\":%s,"
-      "\"memberships\":%d,\"accept_s\":%.4f,\"seal_s\":%.4f,"
-      "\"coordinator_seal_s\":%.3f,\"seal_coordinator_cpu_s\":%.2f,"
-      "\"seal_client_cpu_s\":%.2f,\"latency_samples\":%lld,"
-      "\"unanswered\":%lld,\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f,"
-      "\"ticker_lag_max_ms\":%.1f,\"heartbeats\":%lld,\"reports\":%lld,"
-      "\"errors\":%lld,\"error_messages\":%lld,\"stream_failures\":%lld,"
-      "\"clean_closes\":%lld,\"aborted_generations\":%lld,\"rss_mib\":%.1f,"
-      "\"hwm_mib\":%.1f,\"cpu_s\":%.2f,\"steady_cpu_pct\":%.1f,"
-      "\"client_cpu_s\":%.2f}\n",
-      r.nodes, r.channels, FLAGS_duration_s, r.sealed ? "true" : "false",
-      r.memberships, r.accept_s, r.seal_s, r.coordinator_seal_s,
-      r.seal_coordinator_cpu_s, r.seal_client_cpu_s, samples,
-      static_cast<long long>(r.window_heartbeats) - samples, p50, p99, max,
-      r.ticker_lag_ms, static_cast<long long>(c.heartbeats),
-      static_cast<long long>(c.reports), errors,
-      static_cast<long long>(c.errors),
-      static_cast<long long>(c.stream_failures),
-      static_cast<long long>(c.clean_closes),
-      static_cast<long long>(c.aborted_generations), r.coordinator.rss_mib,
-      r.coordinator.hwm_mib, r.coordinator.cpu_s, r.steady_cpu_pct,
-      r.client_cpu_s);
 }
 
 // Copies what every run reports, whatever phase it reached.
@@ -333,6 +250,17 @@ int Main(int argc, char** argv) {
                  "--connect_timeout_s must be positive\n");
     return 2;
   }
+  if (FLAGS_expected_nodes != 0 &&
+      (FLAGS_expected_nodes < FLAGS_nodes || FLAGS_expected_nodes > 100000 ||
+       !FLAGS_restart_file.empty())) {
+    std::fprintf(stderr,
+                 "baton-coordinator-load: --expected_nodes must be 0 or in "
+                 "--nodes..100000, and the restart scenario needs a sealed "
+                 "job (--expected_nodes 0)\n");
+    return 2;
+  }
+  const int32_t expected_nodes =
+      FLAGS_expected_nodes > 0 ? FLAGS_expected_nodes : FLAGS_nodes;
   // The certificate of channel 0 stands for all of them in the check.
   if (absl::Status checked = CheckTlsFiles(ChannelTlsFiles(0)); !checked.ok()) {
     std::fprintf(stderr, "baton-coordinator-load: %s\n",
@@ -348,6 +276,12 @@ int Main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   FILE* human = FLAGS_json ? stderr : stdout;
+  ReportContext report;
+  report.coordinator = FLAGS_coordinator;
+  report.duration_s = FLAGS_duration_s;
+  report.seal_timeout_s = FLAGS_seal_timeout_s;
+  report.expected_nodes = expected_nodes;
+  report.json = FLAGS_json;
 
   Results results;
   results.nodes = FLAGS_nodes;
@@ -369,15 +303,20 @@ int Main(int argc, char** argv) {
     return 1;
   }
 
+  StatusClient status_client(FLAGS_coordinator, kStatusTimeout,
+                             ChannelCredentials(ChannelTlsFiles(0)));
+  status_client.set_page_size(FLAGS_status_page_size);
   LoadRecorder recorder;
+  MembershipStore memberships;
   std::vector<std::unique_ptr<SimulatedAgent>> agents;
   // Declared after the agents, so destroyed (its thread joined) first.
   Ticker ticker([&agents](int32_t agent, TimerKind kind) {
     agents[agent]->OnTimer(kind);
   });
   for (int i = 0; i < FLAGS_nodes; ++i) {
-    agents.push_back(std::make_unique<SimulatedAgent>(i, FLAGS_nodes, FLAGS_job,
-                                                      &recorder, &ticker));
+    agents.push_back(std::make_unique<SimulatedAgent>(
+        i, expected_nodes, FLAGS_job, &recorder, &ticker,
+        FLAGS_restart_file.empty() ? nullptr : &memberships));
   }
 
   // Sessions: every Hello answered before the first JoinJob.
@@ -418,24 +357,30 @@ int Main(int argc, char** argv) {
   const double client_cpu_before_join = OwnCpuSeconds();
   const absl::Time join_start = absl::Now();
   for (auto& agent : agents) agent->Join();
-  results.sealed = recorder.AwaitMemberships(
-      FLAGS_nodes, join_start + absl::Seconds(FLAGS_seal_timeout_s));
+  results.forming = expected_nodes > FLAGS_nodes;
+  if (results.forming) {
+    results.forming = recorder.AwaitJoinsAccepted(
+        FLAGS_nodes, join_start + absl::Seconds(FLAGS_seal_timeout_s));
+  } else {
+    results.sealed = recorder.AwaitMemberships(
+        FLAGS_nodes, join_start + absl::Seconds(FLAGS_seal_timeout_s));
+  }
   const ProcessSample after_seal = SampleProcess(FLAGS_coordinator_pid);
   results.seal_client_cpu_s = OwnCpuSeconds() - client_cpu_before_join;
   if (after_seal.ok) {
     results.seal_coordinator_cpu_s = after_seal.cpu_s - before_join.cpu_s;
   }
-  if (!results.sealed) {
+  if (!results.sealed && !results.forming) {
     results.coordinator = after_seal;
     ticker.Stop();
     Collect(recorder, ticker, &results);
     v1::JobStatus job;
-    if (GetJob(channels[0], kReachTimeout, &job).ok() &&
+    if (GetJobSummary(status_client, &job).ok() &&
         SealedAt(job) != absl::InfinitePast()) {
       results.coordinator_seal_s =
           absl::ToDoubleSeconds(SealedAt(job) - join_start);
     }
-    PrintResults(results, human);
+    PrintResults(results, report, human);
     std::fprintf(stderr,
                  "baton-coordinator-load: the job was not sealed within %d s "
                  "(--seal_timeout_s): %d of %d agents got their membership\n",
@@ -443,26 +388,49 @@ int Main(int argc, char** argv) {
     CancelAll(agents, recorder);
     return 1;
   }
-  results.seal_s =
-      absl::ToDoubleSeconds(recorder.Take().memberships.last - join_start);
+  const LoadRecorder::Snapshot joined = recorder.Take();
+  results.seal_s = absl::ToDoubleSeconds(
+      (results.forming ? joined.joins_accepted.last : joined.memberships.last) -
+      join_start);
 
   // Steady state: heartbeats sent from now on are measured.
   const absl::Time window_end =
       recorder.OpenWindow(absl::Seconds(FLAGS_duration_s));
-  absl::SleepFor(window_end - absl::Now());
+  if (FLAGS_status_interval_ms > 0) {
+    StatusProbe probe(&status_client, FLAGS_job, FLAGS_status_page_size,
+                      absl::Milliseconds(FLAGS_status_interval_ms));
+    absl::SleepFor(window_end - absl::Now());
+    probe.Stop();
+    results.status = probe.Take();
+  } else {
+    absl::SleepFor(window_end - absl::Now());
+  }
   results.coordinator = SampleProcess(FLAGS_coordinator_pid);
   if (results.coordinator.ok) {
     results.steady_cpu_pct =
         100 * (results.coordinator.cpu_s - after_seal.cpu_s) / FLAGS_duration_s;
   }
   v1::JobStatus job;
-  const absl::Status job_status = GetJob(channels[0], kStatusTimeout, &job);
+  const absl::Status job_status = GetJobSummary(status_client, &job);
   if (job_status.ok() && SealedAt(job) != absl::InfinitePast()) {
     results.coordinator_seal_s =
         absl::ToDoubleSeconds(SealedAt(job) - join_start);
   }
   // Answers to the window's last heartbeats may still be on their way.
   absl::SleepFor(absl::Milliseconds(200));
+  if (!FLAGS_restart_file.empty()) {
+    // The agents keep heartbeating meanwhile, as the new coordinator's
+    // liveness deadlines need.
+    RestartOptions options;
+    options.file = FLAGS_restart_file;
+    options.timeout = absl::Seconds(FLAGS_restart_timeout_s);
+    options.job = FLAGS_job;
+    options.page_size = FLAGS_status_page_size;
+    options.agents_per_channel = FLAGS_agents_per_channel;
+    options.stream_time = kLeaveTimeout + kStatusTimeout;
+    results.restart = RestartAndRejoin(options, agents, stubs, recorder,
+                                       status_client, job.generation());
+  }
   ticker.Stop();
 
   // The end: every agent leaves (finished) and closes its stream.
@@ -477,7 +445,7 @@ int Main(int argc, char** argv) {
     CancelAll(agents, recorder);
   }
   Collect(recorder, ticker, &results);
-  PrintResults(results, human);
+  PrintResults(results, report, human);
   if (!job_status.ok()) {
     std::fprintf(human, "  Status.GetJob failed: %s\n",
                  job_status.ToString().c_str());
@@ -485,6 +453,11 @@ int Main(int argc, char** argv) {
     PrintJob(job, human);
   }
   std::fflush(nullptr);
+  if (results.restart.asked && !results.restart.rejoined) {
+    std::fprintf(stderr, "baton-coordinator-load: the restart failed: %s\n",
+                 results.restart.failure.c_str());
+    return 1;
+  }
   return all_left ? 0 : 1;
 }
 

@@ -45,10 +45,30 @@ class LoadRecorder {
     int64_t plans = 0;
     int64_t job_ended = 0;
     int64_t shutdowns = 0;
+    // Streams that ended while the coordinator restarted (expected).
+    int64_t restart_ends = 0;
   };
   void SessionAccepted() { Bump(&accepted_, absl::Now()); }
   void JoinAccepted() { Bump(&joins_accepted_, absl::Now()); }
   void MembershipReceived() { Bump(&memberships_, absl::Now()); }
+  // After a coordinator restart: a session accepted again, a RejoinJob
+  // accepted.
+  void SessionReaccepted() { Bump(&reaccepted_, absl::Now()); }
+  void Rejoined() { Bump(&rejoined_, absl::Now()); }
+
+  // The coordinator is about to be killed: streams that end from now on are
+  // counted as restart_ends, not failures.
+  void ExpectRestart() {
+    absl::MutexLock lock(&mu_);
+    expect_restart_ = true;
+  }
+  // Every old stream ended: count the new streams' ends from 0, as
+  // failures again.
+  void RestartOver() {
+    absl::MutexLock lock(&mu_);
+    expect_restart_ = false;
+    ended_ = 0;
+  }
   void Count(int64_t LoadRecorder::Counters::*counter) {
     absl::MutexLock lock(&mu_);
     ++(counters_.*counter);
@@ -72,6 +92,10 @@ class LoadRecorder {
     ++ended_;
     if (status.ok() && leaving) {
       ++counters_.clean_closes;
+      return;
+    }
+    if (expect_restart_) {
+      ++counters_.restart_ends;
       return;
     }
     ++counters_.stream_failures;
@@ -118,6 +142,12 @@ class LoadRecorder {
   bool AwaitMemberships(int count, absl::Time deadline) {
     return Await(&memberships_, count, deadline);
   }
+  bool AwaitJoinsAccepted(int count, absl::Time deadline) {
+    return Await(&joins_accepted_, count, deadline);
+  }
+  bool AwaitRejoined(int count, absl::Time deadline) {
+    return Await(&rejoined_, count, deadline);
+  }
   bool AwaitEnded(int count, absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     const auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -127,15 +157,15 @@ class LoadRecorder {
   }
 
   struct Snapshot {
-    Progress accepted, joins_accepted, memberships;
+    Progress accepted, joins_accepted, memberships, reaccepted, rejoined;
     Counters counters;
     std::vector<int64_t> round_trips_us;
     std::vector<std::string> error_texts, stream_texts;
   };
   Snapshot Take() const {
     absl::MutexLock lock(&mu_);
-    return {accepted_,       joins_accepted_, memberships_, counters_,
-            round_trips_us_, error_texts_,    stream_texts_};
+    return {accepted_, joins_accepted_, memberships_, reaccepted_,  rejoined_,
+            counters_, round_trips_us_, error_texts_, stream_texts_};
   }
 
  private:
@@ -157,7 +187,10 @@ class LoadRecorder {
   Progress accepted_ ABSL_GUARDED_BY(mu_);
   Progress joins_accepted_ ABSL_GUARDED_BY(mu_);
   Progress memberships_ ABSL_GUARDED_BY(mu_);
+  Progress reaccepted_ ABSL_GUARDED_BY(mu_);
+  Progress rejoined_ ABSL_GUARDED_BY(mu_);
   int ended_ ABSL_GUARDED_BY(mu_) = 0;
+  bool expect_restart_ ABSL_GUARDED_BY(mu_) = false;
   Counters counters_ ABSL_GUARDED_BY(mu_);
   int64_t window_begin_us_ ABSL_GUARDED_BY(mu_) = INT64_MAX;
   int64_t window_end_us_ ABSL_GUARDED_BY(mu_) = INT64_MAX;

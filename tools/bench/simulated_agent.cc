@@ -38,24 +38,57 @@ google::protobuf::ArenaOptions ReadArenaOptions() {
 }  // namespace
 
 SimulatedAgent::SimulatedAgent(int32_t index, int32_t nodes, std::string job,
-                               LoadRecorder* recorder, Ticker* ticker)
+                               LoadRecorder* recorder, Ticker* ticker,
+                               MembershipStore* memberships)
     : index_(index),
       nodes_(nodes),
       job_(std::move(job)),
       node_name_(absl::StrCat("sim-", index)),
+      instance_(RandomInstance()),
       recorder_(recorder),
       ticker_(ticker),
+      memberships_(memberships),
+      context_(std::make_unique<grpc::ClientContext>()),
       arena_(ReadArenaOptions()),
       inbound_(NewInbound()) {}
 
 void SimulatedAgent::Start(v1::Coordinator::Stub* stub, absl::Time deadline) {
-  context_.set_deadline(absl::ToChronoTime(deadline));
-  stub->async()->AgentSession(&context_, this);
+  context_->set_deadline(absl::ToChronoTime(deadline));
+  OpenStream(stub);
+}
+
+void SimulatedAgent::Reconnect(v1::Coordinator::Stub* stub,
+                               absl::Time deadline) {
+  context_ = std::make_unique<grpc::ClientContext>();
+  context_->set_deadline(absl::ToChronoTime(deadline));
+  // As the agent's session retries do: wait for the channel to reach the
+  // new coordinator (its reconnect backoff, at most 2 s, as the agent's).
+  context_->set_wait_for_ready(true);
+  inbound_->Clear();
+  OpenStream(stub);
+}
+
+void SimulatedAgent::OpenStream(v1::Coordinator::Stub* stub) {
+  // Nothing is written until the flags below are reset: the stream is bound
+  // first.
+  stub->async()->AgentSession(context_.get(), this);
   AddHold();
   StartRead(inbound_);
+  {
+    absl::MutexLock lock(&mu_);
+    reconnected_ = hold_released_;
+    outbound_.clear();
+    write_in_flight_ = false;
+    stream_over_ = false;
+    hold_released_ = false;
+    leaving_ = false;
+    rejoin_pending_ = false;
+    // No step report before the rejoin is accepted.
+    rank_ = -1;
+  }
   v1::AgentMessage hello;
   hello.mutable_hello()->set_node_name(node_name_);
-  hello.mutable_hello()->set_agent_instance(RandomInstance());
+  hello.mutable_hello()->set_agent_instance(instance_);
   hello.mutable_hello()->set_agent_version("baton-coordinator-load");
   Send(std::move(hello));
   StartCall();
@@ -148,42 +181,29 @@ v1::CoordinatorMessage* SimulatedAgent::NewInbound() {
 
 void SimulatedAgent::Handle(const v1::CoordinatorMessage& message) {
   switch (message.body_case()) {
-    case v1::CoordinatorMessage::kSessionAccepted: {
-      const v1::SessionAccepted& accepted = message.session_accepted();
-      const absl::Time now = absl::Now();
-      const absl::Duration heartbeat = absl::Milliseconds(
-          std::max<int64_t>(1, accepted.heartbeat_interval_ms()));
-      const absl::Duration report = absl::Milliseconds(
-          std::max<int64_t>(1, accepted.report_interval_ms()));
-      ticker_->Add(index_, TimerKind::kHeartbeat, now + heartbeat, heartbeat);
-      ticker_->Add(index_, TimerKind::kReport, now + report, report);
-      recorder_->SessionAccepted();
+    case v1::CoordinatorMessage::kSessionAccepted:
+      HandleSessionAccepted(message.session_accepted());
       return;
-    }
-    case v1::CoordinatorMessage::kJoinAccepted:
-      recorder_->JoinAccepted();
-      return;
-    case v1::CoordinatorMessage::kMembership: {
-      const v1::Membership& membership = message.membership();
-      // The node's own view: its entry, not the whole table.
-      const int32_t rank = membership.self().node_name() == node_name_
-                               ? membership.self().rank_offset()
-                               : -1;
-      if (rank < 0) {
-        v1::Error error;
-        error.set_code(static_cast<int32_t>(absl::StatusCode::kInternal));
-        error.set_message("the membership is addressed to another node");
-        recorder_->ErrorReceived(node_name_, error);
-        return;
-      }
+    case v1::CoordinatorMessage::kJoinAccepted: {
+      bool rejoined = false;
       {
         absl::MutexLock lock(&mu_);
-        generation_ = membership.generation();
-        rank_ = rank;
+        if (rejoin_pending_) {
+          rejoin_pending_ = false;
+          rejoined = true;
+          rank_ = sealed_rank_;
+        }
       }
-      recorder_->MembershipReceived();
+      if (rejoined) {
+        recorder_->Rejoined();
+      } else {
+        recorder_->JoinAccepted();
+      }
       return;
     }
+    case v1::CoordinatorMessage::kMembership:
+      HandleMembership(message.membership());
+      return;
     case v1::CoordinatorMessage::kHeartbeatAck:
       recorder_->HeartbeatAcked(message.heartbeat_ack().sent_unix_us(),
                                 NowUnixMicros());
@@ -198,6 +218,10 @@ void SimulatedAgent::Handle(const v1::CoordinatorMessage& message) {
       return;
     }
     case v1::CoordinatorMessage::kPlan:
+      if (memberships_ != nullptr) {
+        absl::MutexLock lock(&mu_);
+        plan_ = message.plan();
+      }
       recorder_->Count(&LoadRecorder::Counters::plans);
       return;
     case v1::CoordinatorMessage::kJoinPending: {
@@ -227,6 +251,67 @@ void SimulatedAgent::Handle(const v1::CoordinatorMessage& message) {
     case v1::CoordinatorMessage::BODY_NOT_SET:
       return;
   }
+}
+
+void SimulatedAgent::HandleSessionAccepted(
+    const v1::SessionAccepted& accepted) {
+  v1::AgentMessage rejoin;
+  bool start_timers = false;
+  bool reconnected = false;
+  {
+    absl::MutexLock lock(&mu_);
+    start_timers = !timers_started_;
+    timers_started_ = true;
+    reconnected = reconnected_;
+    if (reconnected && membership_ != nullptr) {
+      // What agent/job_membership.cc re-reports on a new session.
+      v1::RejoinJob* body = rejoin.mutable_rejoin();
+      *body->mutable_membership() = *membership_;
+      if (plan_.version() > 0) *body->mutable_plan() = plan_;
+      body->set_completed_step(completed_step_ - 1);
+      body->set_expected_nodes(nodes_);
+      rejoin_pending_ = true;
+    }
+  }
+  if (start_timers) {
+    const absl::Time now = absl::Now();
+    const absl::Duration heartbeat = absl::Milliseconds(
+        std::max<int64_t>(1, accepted.heartbeat_interval_ms()));
+    const absl::Duration report =
+        absl::Milliseconds(std::max<int64_t>(1, accepted.report_interval_ms()));
+    ticker_->Add(index_, TimerKind::kHeartbeat, now + heartbeat, heartbeat);
+    ticker_->Add(index_, TimerKind::kReport, now + report, report);
+  }
+  if (!reconnected) {
+    recorder_->SessionAccepted();
+    return;
+  }
+  recorder_->SessionReaccepted();
+  if (rejoin.has_rejoin()) Send(std::move(rejoin));
+}
+
+void SimulatedAgent::HandleMembership(const v1::Membership& membership) {
+  // The node's own view: its entry, not the whole table.
+  const int32_t rank = membership.self().node_name() == node_name_
+                           ? membership.self().rank_offset()
+                           : -1;
+  if (rank < 0) {
+    v1::Error error;
+    error.set_code(static_cast<int32_t>(absl::StatusCode::kInternal));
+    error.set_message("the membership is addressed to another node");
+    recorder_->ErrorReceived(node_name_, error);
+    return;
+  }
+  std::shared_ptr<const v1::Membership> kept =
+      memberships_ != nullptr ? memberships_->Keep(membership) : nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    generation_ = membership.generation();
+    rank_ = rank;
+    sealed_rank_ = rank;
+    membership_ = std::move(kept);
+  }
+  recorder_->MembershipReceived();
 }
 
 void SimulatedAgent::Send(v1::AgentMessage message) {

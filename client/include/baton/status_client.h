@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -25,12 +26,23 @@ class StatusClient {
                std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   absl::StatusOr<v1::ListJobsResponse> ListJobs();
+  // The whole job: every page of its members (page_size() at a time)
+  // joined, the job's other fields from the last page. When the job's
+  // membership changes between pages (ABORTED), starts again from the first
+  // page, at most kMembershipRetries times.
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job);
+  // One page, as Status.GetJob answers it.
+  absl::StatusOr<v1::JobStatus> GetJobPage(const v1::GetJobRequest& request);
   absl::StatusOr<v1::TensorsStatus> GetTensors(const std::string& job);
   absl::StatusOr<v1::Timeline> GetTimeline(
       const v1::GetTimelineRequest& request);
 
   const std::string& address() const { return address_; }
+  // Members per GetJob page; 0 (the default) leaves it to the coordinator.
+  void set_page_size(int32_t page_size) { page_size_ = page_size; }
+  int32_t page_size() const { return page_size_; }
+
+  static constexpr int kMembershipRetries = 3;
 
  private:
   // Runs `rpc` (a Status stub method) with the deadline.
@@ -41,6 +53,7 @@ class StatusClient {
   const std::string address_;
   const absl::Duration timeout_;
   std::unique_ptr<v1::Status::Stub> stub_;
+  int32_t page_size_ = 0;
 };
 
 // The error of `method` (service and method, for example "Status/GetJob"

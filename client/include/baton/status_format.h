@@ -31,19 +31,25 @@ std::string JobStateName(v1::JobState state);
 // `batonctl status JOB`: the sections State, Membership, Re-forms (the
 // nodes lost and joined, and the last kRecentReforms re-forms), Step,
 // Scheduling, Stalls, Mismatches and Recent events (the last kRecentEvents)
-// of one job.
-std::string FormatJob(const v1::JobStatus& job, absl::Time now);
+// of one job. The Membership and Scheduling tables show at most
+// `max_members` nodes: past that, the disconnected, unsealed and lagging
+// ones first, then the others in rank order, and a line that counts the
+// rest and names `batonctl members`.
+inline constexpr int kShownMembers = 20;
+std::string FormatJob(const v1::JobStatus& job, absl::Time now,
+                      int max_members = kShownMembers);
 inline constexpr int kRecentEvents = 10;
 inline constexpr int kRecentReforms = 5;
 
 // `batonctl status`: FormatJob for every job, separated by a blank line.
-std::string FormatJobs(const v1::ListJobsResponse& jobs, absl::Time now);
+std::string FormatJobs(const v1::ListJobsResponse& jobs, absl::Time now,
+                       int max_members = kShownMembers);
 
 // `batonctl jobs`: one line per job (name, state, generation, world size,
 // global step) under a header.
 std::string FormatJobList(const v1::ListJobsResponse& jobs);
 
-// `batonctl members JOB`: the Membership table of FormatJob.
+// `batonctl members JOB`: the Membership table of FormatJob, every node.
 std::string FormatMembers(const v1::JobStatus& job, absl::Time now);
 
 // `batonctl tensors JOB`: the plan line, then one line per tensor.

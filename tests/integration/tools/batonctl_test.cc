@@ -138,6 +138,8 @@ TEST(BatonctlTest, UsageErrorsExit2WithAUsageLine) {
       {{"jobs"},
        "no coordinator: pass --coordinator HOST:PORT or set "
        "BATON_COORDINATOR"},
+      {{"--coordinator=h:1", "--page_size=-1", "status", "j"},
+       "--page_size=-1 is negative"},
   };
   for (const auto& [args, error] : cases) {
     const Outcome result = RunBatonctl(args);
@@ -265,6 +267,22 @@ TEST_F(BatonctlJobTest, JsonIsTheProtoMessage) {
   EXPECT_EQ(tensors.tensors(1).spec().name(), "large");
   EXPECT_EQ(tensors.tensors(1).size_bytes(), 1 << 20);
   EXPECT_EQ(tensors.tensors(1).num_partitions(), 16);
+}
+
+TEST_F(BatonctlJobTest, StatusFetchesEveryPageOfTheMembers) {
+  const auto job = RunJson<v1::JobStatus>(
+      {"--coordinator", address_, "--page_size=1", "status", kJob});
+  EXPECT_EQ(job.total_members(), 2);
+  ASSERT_EQ(job.members_size(), 2);
+  EXPECT_EQ(job.members(0).node_rank(), 0);
+  EXPECT_EQ(job.members(1).node_rank(), 1);
+  EXPECT_EQ(job.next_page_token(), "");
+
+  const Outcome members = RunBatonctl(
+      {"--coordinator", address_, "--page_size=1", "members", kJob});
+  ASSERT_EQ(members.exit.exit_code, 0) << members.err;
+  EXPECT_THAT(members.out, HasSubstr("\n  n1  "));
+  EXPECT_THAT(members.out, HasSubstr("\n  n2  "));
 }
 
 TEST_F(BatonctlJobTest, TensorsListsThePlan) {

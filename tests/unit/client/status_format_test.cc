@@ -285,6 +285,36 @@ TEST(BatonctlFormatTest, MembersIsTheMembershipTable) {
             "  n3    n3.cluster:29500  -          -      -          no\n");
 }
 
+TEST(BatonctlFormatTest, StatusOfALargeJobShowsTheNodesThatNeedALookFirst) {
+  v1::JobStatus job;
+  job.set_job("big");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  for (int k = 0; k < 30; ++k) AddMember(job, "n" + std::to_string(k), k, 1);
+  job.mutable_members(25)->set_connected(false);
+  job.mutable_members(27)->mutable_ranks(0)->set_lag(4);
+  const std::string text = FormatJob(job, kNow);
+  const std::string membership =
+      text.substr(text.find("\nMembership\n"),
+                  text.find("\nRe-forms\n") - text.find("\nMembership\n"));
+  // 20 rows in rank order: the two that need a look, then n0..n17.
+  EXPECT_THAT(membership, HasSubstr("\n  n17 "));
+  EXPECT_THAT(membership, Not(HasSubstr("\n  n18 ")));
+  EXPECT_THAT(membership, HasSubstr("\n  n25 "));
+  EXPECT_THAT(membership, HasSubstr("\n  n27 "));
+  EXPECT_LT(membership.find("\n  n17 "), membership.find("\n  n25 "));
+  EXPECT_THAT(membership,
+              HasSubstr("  ... 10 more nodes (29 of 30 connected; shown: the "
+                        "disconnected, unsealed and lagging first): batonctl "
+                        "members big lists every node"));
+  // The Scheduling table is cut the same way.
+  EXPECT_THAT(text.substr(text.find("\nScheduling\n")),
+              HasSubstr("  ... 10 more nodes"));
+  // Asked for all of them (batonctl status --all), and in `members`.
+  EXPECT_THAT(FormatJob(job, kNow, 30), Not(HasSubstr("more nodes")));
+  EXPECT_THAT(FormatMembers(job, kNow), HasSubstr("\n  n29 "));
+  EXPECT_THAT(FormatMembers(job, kNow), Not(HasSubstr("more nodes")));
+}
+
 TEST(BatonctlFormatTest, EventsListsEveryEventOldestFirst) {
   const std::string text = FormatEvents(RunningJob(), kNow);
   EXPECT_THAT(text, HasSubstr("node n0\n"));

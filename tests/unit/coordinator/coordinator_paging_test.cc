@@ -1,0 +1,239 @@
+// Status.GetJob's paging of a job's members (AIP-158): every member exactly
+// once across the pages, in node-rank order; the default and maximum page
+// sizes; refused page tokens; a membership that changes between pages.
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/member_page.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/coordinator/coordinator_harness.h"
+
+namespace baton::coordinator {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::SizeIs;
+
+class CoordinatorPagingTest : public CoordinatorTest {
+ protected:
+  absl::StatusOr<v1::JobStatus> Page(const std::string& job, int32_t size,
+                                     const std::string& token = "") {
+    v1::GetJobRequest request;
+    request.set_job(job);
+    request.set_page_size(size);
+    request.set_page_token(token);
+    return coordinator_->GetJob(request);
+  }
+
+  // Every page of `job`, `size` members at a time; fails the test on an
+  // error.
+  std::vector<v1::JobStatus> AllPages(const std::string& job, int32_t size) {
+    std::vector<v1::JobStatus> pages;
+    std::string token;
+    do {
+      absl::StatusOr<v1::JobStatus> page = Page(job, size, token);
+      EXPECT_TRUE(page.ok()) << page.status();
+      if (!page.ok() || pages.size() > 1000) break;
+      token = page->next_page_token();
+      pages.push_back(*std::move(page));
+    } while (!token.empty());
+    return pages;
+  }
+
+  static std::vector<std::string> Names(
+      const std::vector<v1::JobStatus>& pages) {
+    std::vector<std::string> names;
+    for (const v1::JobStatus& page : pages) {
+      for (const v1::MemberStatus& m : page.members()) {
+        names.push_back(m.node_name());
+      }
+    }
+    return names;
+  }
+
+  // `count` nodes named n0, n1, ... joined to a job that waits for more
+  // (nothing is sealed, so nothing large is sent).
+  std::vector<Agent> FormingJob(const std::string& job, int count) {
+    std::vector<Agent> agents;
+    for (int k = 0; k < count; ++k) {
+      agents.push_back(Connect(absl::StrCat("n", k)));
+      Join(agents.back(), job, 1, count + 1);
+    }
+    return agents;
+  }
+};
+
+TEST_F(CoordinatorPagingTest, PagesHoldEveryMemberOnceInRankOrder) {
+  std::vector<Agent> agents = JoinNodes("job", std::vector<int>(25, 2));
+  ASSERT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+  const v1::JobStatus whole = Status("job");
+  std::vector<std::string> by_rank;
+  for (const v1::MemberStatus& m : whole.members()) {
+    by_rank.push_back(m.node_name());
+  }
+
+  const std::vector<v1::JobStatus> pages = AllPages("job", 7);
+  ASSERT_THAT(pages, SizeIs(4));
+  EXPECT_THAT(pages[0].members(), SizeIs(7));
+  EXPECT_THAT(pages[3].members(), SizeIs(4));
+  EXPECT_EQ(Names(pages), by_rank);
+  int32_t rank = 0;
+  for (const v1::JobStatus& page : pages) {
+    // The job's own fields come whole with every page.
+    EXPECT_EQ(page.total_members(), 25);
+    EXPECT_EQ(page.generation(), 1);
+    EXPECT_EQ(page.world_size(), 50);
+    EXPECT_EQ(page.state(), v1::JOB_STATE_RUNNING);
+    EXPECT_THAT(page.events(), Not(IsEmpty()));
+    for (const v1::MemberStatus& m : page.members()) {
+      EXPECT_EQ(m.node_rank(), rank++);
+      // Per-member step fields are filled on every page, not just the first.
+      EXPECT_THAT(m.ranks(), SizeIs(2)) << m.node_name();
+    }
+  }
+  EXPECT_THAT(pages.back().next_page_token(), IsEmpty());
+  // A page size of at least the members: one page, no token.
+  EXPECT_THAT(AllPages("job", 25), SizeIs(1));
+  EXPECT_EQ(whole.total_members(), 25);
+  EXPECT_THAT(whole.next_page_token(), IsEmpty());
+}
+
+TEST_F(CoordinatorPagingTest,
+       UnsealedMembersComeByNameAndPagesSkipNoneThatLeave) {
+  std::vector<Agent> agents = FormingJob("job", 12);
+  absl::StatusOr<v1::JobStatus> first = Page("job", 5);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // n0, n1, n10, n11, n2: by name.
+  EXPECT_EQ(first->members(2).node_name(), "n10");
+  EXPECT_EQ(first->members(4).node_name(), "n2");
+  // The last member of the page and one after it leave before the next
+  // page: the next page starts after n2 all the same.
+  coordinator_->OnSessionClosed(agents[2].id, "gone");
+  coordinator_->OnSessionClosed(agents[3].id, "gone");
+  std::vector<std::string> rest;
+  std::string token = first->next_page_token();
+  while (!token.empty()) {
+    absl::StatusOr<v1::JobStatus> page = Page("job", 5, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    for (const v1::MemberStatus& m : page->members()) {
+      rest.push_back(m.node_name());
+    }
+    token = page->next_page_token();
+  }
+  EXPECT_EQ(rest,
+            (std::vector<std::string>{"n4", "n5", "n6", "n7", "n8", "n9"}));
+}
+
+TEST_F(CoordinatorPagingTest, PageSizeDefaultsAndIsCappedAtTheMaximum) {
+  FormingJob("big", MemberPage::kMaxSize + 1);
+  absl::StatusOr<v1::JobStatus> page = Page("big", 0);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(page->members(), SizeIs(MemberPage::kDefaultSize));
+  EXPECT_THAT(page->next_page_token(), Not(IsEmpty()));
+  EXPECT_EQ(page->total_members(), MemberPage::kMaxSize + 1);
+
+  page = Page("big", 100000);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(page->members(), SizeIs(MemberPage::kMaxSize));
+  page = Page("big", 100000, page->next_page_token());
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(page->members(), SizeIs(1));
+  EXPECT_THAT(page->next_page_token(), IsEmpty());
+
+  page = Page("big", -1);
+  EXPECT_EQ(page.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(page.status().message(), AllOf(HasSubstr("page_size is -1"),
+                                             HasSubstr("0 for the default")));
+}
+
+TEST_F(CoordinatorPagingTest, APageEndsEarlyWhenItsMembersAreLarge) {
+  std::vector<Agent> agents = JoinNodes("job", std::vector<int>(8, 1));
+  // Half a MiB of tensor latencies per node.
+  for (Agent& agent : agents) {
+    v1::AgentMessage message;
+    v1::StepReport* report = message.mutable_step_report();
+    report->set_job("job");
+    report->set_generation(1);
+    for (uint32_t id = 0; id < 30000; ++id) {
+      v1::TensorLatency* l = report->mutable_stats()->add_tensor_latencies();
+      l->set_tensor_id(id);
+      l->set_count(1000);
+      l->set_mean_us(100000);
+      l->set_max_us(100000);
+    }
+    Send(agent, message);
+  }
+  const std::vector<v1::JobStatus> pages = AllPages("job", 8);
+  ASSERT_GT(pages.size(), 1u);
+  for (const v1::JobStatus& page : pages) {
+    EXPECT_LE(page.ByteSizeLong(), MemberPage::kMaxBytes + (1 << 20));
+  }
+  EXPECT_THAT(Names(pages), SizeIs(8));
+  EXPECT_EQ(Names(pages), Names({Status("job")}));
+}
+
+TEST_F(CoordinatorPagingTest, RefusesTokensItDidNotIssueForTheJob) {
+  JoinNodes("job", {1, 1, 1});
+  JoinNodes("other", {1, 1});
+  for (const std::string& token :
+       {std::string("not a token!"), absl::WebSafeBase64Escape("m1:1:2"),
+        absl::WebSafeBase64Escape("m1:x:2:0:3:jobn0"),
+        absl::WebSafeBase64Escape("m1:1:2:0:99:jobn0")}) {
+    absl::StatusOr<v1::JobStatus> page = Page("job", 1, token);
+    EXPECT_EQ(page.status().code(), absl::StatusCode::kInvalidArgument)
+        << token;
+    EXPECT_THAT(page.status().message(),
+                AllOf(HasSubstr("page_token \"" + token.substr(0, 20)),
+                      HasSubstr("ask for the first page again")));
+  }
+  absl::StatusOr<v1::JobStatus> other = Page("other", 1);
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::StatusOr<v1::JobStatus> page = Page("job", 1, other->next_page_token());
+  EXPECT_EQ(page.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(page.status().message(),
+              HasSubstr("a page token of job \"other\", not of job \"job\""));
+}
+
+TEST_F(CoordinatorPagingTest, ATokenFromAnotherGenerationIsAborted) {
+  std::vector<Agent> agents = JoinNodes("job", {1, 1, 1});
+  absl::StatusOr<v1::JobStatus> first = Page("job", 2);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_THAT(first->next_page_token(), Not(IsEmpty()));
+  // n2 is lost: generation 1 ends.
+  coordinator_->OnSessionClosed(agents[2].id, "crashed");
+  absl::StatusOr<v1::JobStatus> next = Page("job", 2, first->next_page_token());
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(next.status().message(),
+              AllOf(HasSubstr("members of job \"job\" changed"),
+                    HasSubstr("it was generation 1, JOB_STATE_RUNNING"),
+                    HasSubstr("fetch them again from the first page")));
+  // Starting again works.
+  EXPECT_TRUE(Page("job", 2).ok());
+}
+
+TEST_F(CoordinatorPagingTest, ATokenOfAFormingJobIsAbortedByTheSeal) {
+  std::vector<Agent> agents;
+  for (int k = 0; k < 3; ++k) {
+    agents.push_back(Connect(absl::StrCat("n", k)));
+    Join(agents.back(), "job", 1, 4);
+  }
+  absl::StatusOr<v1::JobStatus> first = Page("job", 2);
+  ASSERT_TRUE(first.ok()) << first.status();
+  agents.push_back(Connect("n3"));
+  Join(agents.back(), "job", 1, 4);
+  ASSERT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+  // Same generation number, but the order changed from names to ranks.
+  EXPECT_EQ(Page("job", 2, first->next_page_token()).status().code(),
+            absl::StatusCode::kAborted);
+}
+
+}  // namespace
+}  // namespace baton::coordinator
