@@ -475,8 +475,7 @@ void JobMembership::ConnectDataPlane() {
         channels.ok() ? AgreeOnNegotiation(request) : channels.status();
     if (wire.ok()) request.negotiation = *wire;
     absl::StatusOr<std::unique_ptr<NegotiationWire>> negotiation =
-        wire.ok() ? env_.transport->ConnectNegotiation(request)
-                  : wire.status();
+        wire.ok() ? env_.transport->ConnectNegotiation(request) : wire.status();
     if (negotiation.ok()) {
       request.count = *channels;
       absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> data =

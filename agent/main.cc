@@ -77,7 +77,7 @@ DEFINE_string(negotiation, "auto",
               "all_to_all (every node sends its vector to every other: one "
               "hop, N x (N-1) messages a round), tree (along a tree of "
               "--negotiation_fanout children per node: O(N) messages, "
-              "O(log N) hops) or auto (all_to_all up to 8 nodes, tree "
+              "O(log N) hops) or auto (all_to_all up to 4 nodes, tree "
               "above); node rank 0's choice holds for every node of a "
               "generation");
 DEFINE_int32(negotiation_fanout, 4,
@@ -197,9 +197,9 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
   config.negotiation.wire = *negotiation;
   if (FLAGS_negotiation_fanout < 2 ||
       FLAGS_negotiation_fanout > agent::NegotiationChoice::kMaxFanout) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--negotiation_fanout=", FLAGS_negotiation_fanout, " must be in 2..",
-        agent::NegotiationChoice::kMaxFanout));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--negotiation_fanout=", FLAGS_negotiation_fanout,
+                     " must be in 2..", agent::NegotiationChoice::kMaxFanout));
   }
   config.negotiation.fanout = FLAGS_negotiation_fanout;
   if (FLAGS_gpu_cross_node == "nccl") {

@@ -13,8 +13,7 @@ namespace baton::agent {
 NegotiationChoice NegotiationChoice::Resolve(int num_nodes) const {
   NegotiationChoice resolved = *this;
   if (wire == Wire::kAuto) {
-    resolved.wire =
-        num_nodes <= kAllToAllUpTo ? Wire::kAllToAll : Wire::kTree;
+    resolved.wire = num_nodes <= kAllToAllUpTo ? Wire::kAllToAll : Wire::kTree;
   }
   return resolved;
 }
@@ -68,8 +67,7 @@ absl::StatusOr<NegotiationChoice> NegotiationChoice::FromPublication(
 
 absl::StatusOr<NegotiationChoice> AgreeOnNegotiation(
     const ConnectRequest& request) {
-  const NegotiationChoice mine =
-      request.negotiation.Resolve(request.num_nodes);
+  const NegotiationChoice mine = request.negotiation.Resolve(request.num_nodes);
   const std::string key = request.prefix + "/negotiation";
   if (request.node_rank == 0) {
     absl::Status status = request.store->Set(key, mine.Publication());
@@ -83,8 +81,8 @@ absl::StatusOr<NegotiationChoice> AgreeOnNegotiation(
       NegotiationChoice::FromPublication((*values)[0]);
   if (!theirs.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("node rank 0 published its negotiation wire under \"",
-                     key, "\": ", theirs.status().message()));
+        absl::StrCat("node rank 0 published its negotiation wire under \"", key,
+                     "\": ", theirs.status().message()));
   }
   if (*theirs != mine) {
     LOG(WARNING) << "negotiation of " << request.num_nodes

@@ -21,9 +21,11 @@ struct NegotiationChoice {
     // TcpTreeRounds along a NegotiationTree of `fanout`.
     kTree = 2,
   };
-  // The largest generation kAuto runs all-to-all: the tree is slower up to
-  // about here on loopback (docs/benchmarks.md, "Negotiation at scale").
-  static constexpr int kAllToAllUpTo = 8;
+  // The largest generation kAuto runs all-to-all. On loopback the tree is
+  // slower at 2 nodes and faster from 4 (docs/benchmarks.md, "Negotiation
+  // at scale"); up to 4 nodes keep the one-hop all-to-all they had, whose
+  // single hop counts for more on a real network.
+  static constexpr int kAllToAllUpTo = 4;
   static constexpr int kMaxFanout = 64;
 
   Wire wire = Wire::kAuto;
@@ -45,7 +47,8 @@ struct NegotiationChoice {
       const std::string& text);
 
   bool operator==(const NegotiationChoice& other) const {
-    return wire == other.wire && (wire != Wire::kTree || fanout == other.fanout);
+    return wire == other.wire &&
+           (wire != Wire::kTree || fanout == other.fanout);
   }
   bool operator!=(const NegotiationChoice& other) const {
     return !(*this == other);

@@ -49,8 +49,7 @@ absl::StatusOr<std::unique_ptr<RoundConnections>> RoundConnections::Connect(
 }
 
 RoundConnections::RoundConnections(int rank, tcp::LentLinks links,
-                                   int interrupt_fd, int abort_fd,
-                                   Clock* clock)
+                                   int interrupt_fd, int abort_fd, Clock* clock)
     : rank_(rank),
       links_(std::move(links)),
       interrupt_fd_(interrupt_fd),
@@ -97,18 +96,6 @@ absl::Status RoundConnections::CheckRound(
   return absl::OkStatus();
 }
 
-absl::Status RoundConnections::CheckAwait(size_t count) const {
-  if (absl::Status usable = poison_.Check(Describe(), "new ones");
-      !usable.ok()) {
-    return usable;
-  }
-  if (count == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "waiting for a negotiation round of 0 words on ", Describe()));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status RoundConnections::Poison(absl::Status status) {
   poison_.Set(status);
   return status;
@@ -137,7 +124,40 @@ void RoundConnections::Abort(const absl::Status& status) {
   (void)!::write(abort_fd_, &one, sizeof one);
 }
 
-absl::StatusOr<int> RoundConnections::AwaitReadable(const std::string& what) {
+absl::StatusOr<int> RoundConnections::Poll(std::vector<struct pollfd>& pfds,
+                                           const Deadline& deadline,
+                                           const std::string& what) {
+  pfds.push_back({abort_fd_, POLLIN, 0});
+  int ready = -1;
+  while (ready < 0) {
+    ready = ::poll(pfds.data(), pfds.size(), tcp::PollMillis(deadline));
+    if (ready < 0 && errno != EINTR) {
+      pfds.pop_back();
+      return Poison(
+          absl::UnavailableError(absl::StrCat(what, ": ", tcp::Errno("poll"))));
+    }
+  }
+  const bool aborted = pfds.back().revents != 0;
+  pfds.pop_back();
+  if (aborted) return Aborted(what);
+  return ready;
+}
+
+std::string RoundConnections::WaitWhat() const {
+  return absl::StrCat("waiting for a negotiation round on ", Describe());
+}
+
+absl::StatusOr<int> RoundConnections::AwaitPeer(size_t count) {
+  if (absl::Status usable = poison_.Check(Describe(), "new ones");
+      !usable.ok()) {
+    return usable;
+  }
+  if (count == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "waiting for a negotiation round of 0 words on ", Describe()));
+  }
+  if (size() == 1) return -1;  // nobody else can start one
+  const std::string what = WaitWhat();
   std::vector<struct pollfd> pfds;
   std::vector<int> ranks = {-1, -1};
   pfds.push_back({interrupt_fd_, POLLIN, 0});
@@ -151,8 +171,8 @@ absl::StatusOr<int> RoundConnections::AwaitReadable(const std::string& what) {
     const int ready = ::poll(pfds.data(), pfds.size(), -1);
     if (ready < 0) {
       if (errno == EINTR) continue;
-      return Poison(absl::UnavailableError(
-          absl::StrCat(what, ": ", tcp::Errno("poll"))));
+      return Poison(
+          absl::UnavailableError(absl::StrCat(what, ": ", tcp::Errno("poll"))));
     }
     if (pfds[1].revents != 0) return Aborted(what);
     if (pfds[0].revents != 0) {

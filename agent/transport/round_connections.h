@@ -1,5 +1,6 @@
 #pragma once
 
+#include <poll.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -63,9 +64,6 @@ class RoundConnections {
   // kMaxWords words.
   absl::Status CheckRound(const int64_t* data, size_t count,
                           const CollectiveOptions& options) const;
-  // What AwaitRound checks first: poisoned, or a round of 0 words.
-  absl::Status CheckAwait(size_t count) const;
-
   // Records `status` as the poison and returns it.
   absl::Status Poison(absl::Status status);
   // The same after an I/O error on node rank `peer`'s connection, which is
@@ -80,11 +78,23 @@ class RoundConnections {
   // Readable once Abort was called: for the wires' own poll(2) calls.
   int abort_fd() const { return abort_fd_; }
 
-  // AwaitRound's wait, without a time limit: the lowest node rank whose
-  // connection has something to read (or was closed), or -1 once Interrupt
-  // was called (taking it). `what` starts the errors: Aborted after Abort;
+  // One wait of a round: poll(2) on `pfds` (the connections' entries; the
+  // abort eventfd is watched too) until `deadline`, retried on EINTR.
+  // Returns how many entries of `pfds` are ready (0: the deadline passed).
+  // Errors start with `what`: Aborted after Abort; UNAVAILABLE when poll(2)
+  // fails (poisoned).
+  absl::StatusOr<int> Poll(std::vector<struct pollfd>& pfds,
+                           const Deadline& deadline, const std::string& what);
+
+  // AwaitRound's wait for a round of `count` words, without a time limit:
+  // the lowest node rank whose connection has something to read (or was
+  // closed), or -1 once Interrupt was called (taking it) and at once for a
+  // single node. Errors start with WaitWhat(): FAILED_PRECONDITION once
+  // poisoned; INVALID_ARGUMENT for 0 words; Aborted after Abort;
   // UNAVAILABLE when poll(2) fails (poisoned).
-  absl::StatusOr<int> AwaitReadable(const std::string& what);
+  absl::StatusOr<int> AwaitPeer(size_t count);
+  // "waiting for a negotiation round on <Describe()>".
+  std::string WaitWhat() const;
 
   // Why a peer's connection failed, after `call` (recv or send) returned
   // `n`: "closed its connection (its agent left the job or failed)" for the
@@ -99,7 +109,7 @@ class RoundConnections {
   const int rank_;
   // By node rank: given back to the pool, or closed, by the destructor.
   tcp::LentLinks links_;
-  // An eventfd: Interrupt() adds to it, AwaitReadable drains it.
+  // An eventfd: Interrupt() adds to it, AwaitPeer drains it.
   const int interrupt_fd_;
   // An eventfd: Abort() sets it for good; every wait polls it.
   const int abort_fd_;

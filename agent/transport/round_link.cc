@@ -45,8 +45,8 @@ bool RoundLink::Send() {
 }
 
 ssize_t RoundLink::Receive() {
-  const ssize_t n = tcp::Receive(*link_, into_ + received_,
-                                 expected_ - received_);
+  const ssize_t n =
+      tcp::Receive(*link_, into_ + received_, expected_ - received_);
   if (n > 0) received_ += static_cast<size_t>(n);
   return n;
 }

@@ -49,8 +49,9 @@ absl::Status RoundNotice::ToStatus(const std::string& what, int self) const {
   const std::string reporter_name =
       reporter == self ? "this node" : absl::StrCat("node rank ", reporter);
   const std::string reported =
-      reporter == self ? ""
-                       : absl::StrCat(" (reported by node rank ", reporter, ")");
+      reporter == self
+          ? ""
+          : absl::StrCat(" (reported by node rank ", reporter, ")");
   switch (reason) {
     case Reason::kClosed:
     case Reason::kUnreachable: {
@@ -76,8 +77,9 @@ absl::Status RoundNotice::ToStatus(const std::string& what, int self) const {
           absl::StrJoin(subjects, ", "), reported));
     case Reason::kUnreadable:
       return absl::FailedPreconditionError(absl::StrCat(
-          what, ": ", subject, " sent a word ", reporter_name, " cannot read (", a,
-          ") where a message begins: the streams are out of step", reported));
+          what, ": ", subject, " sent a word ", reporter_name, " cannot read (",
+          a, ") where a message begins: the streams are out of step",
+          reported));
   }
   return absl::InternalError(absl::StrCat(what, ": a failure notice of reason ",
                                           static_cast<int64_t>(reason)));

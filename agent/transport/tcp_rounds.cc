@@ -34,14 +34,9 @@ TcpRounds::TcpRounds(std::unique_ptr<RoundConnections> connections)
 }
 
 absl::StatusOr<bool> TcpRounds::AwaitRound(size_t count) {
-  if (absl::Status usable = connections_->CheckAwait(count); !usable.ok()) {
-    return usable;
-  }
-  if (size() == 1) return false;  // nobody else can start one
-  const std::string what = absl::StrCat("waiting for a negotiation round on ",
-                                        connections_->Describe());
+  const std::string what = connections_->WaitWhat();
   while (true) {
-    const absl::StatusOr<int> peer = connections_->AwaitReadable(what);
+    const absl::StatusOr<int> peer = connections_->AwaitPeer(count);
     if (!peer.ok()) return peer.status();
     if (*peer < 0) return false;
     // A vector waits in the socket, or the peer is gone (end of stream).
@@ -98,17 +93,9 @@ absl::Status TcpRounds::ExchangeMin(int64_t* data, size_t count,
       ranks.push_back(p);
     }
     if (pfds.empty()) break;
-    pfds.push_back({connections_->abort_fd(), POLLIN, 0});
-    const int ready = ::poll(pfds.data(), pfds.size(), tcp::PollMillis(deadline));
-    if (ready < 0) {
-      if (errno == EINTR) continue;
-      return connections_->Poison(absl::UnavailableError(
-          absl::StrCat(what, ": ", tcp::Errno("poll"))));
-    }
-    if (ready > 0 && pfds.back().revents != 0) {
-      return connections_->Aborted(what);
-    }
-    if (ready == 0) {
+    const absl::StatusOr<int> ready = connections_->Poll(pfds, deadline, what);
+    if (!ready.ok()) return ready.status();
+    if (*ready == 0) {
       return connections_->Poison(absl::DeadlineExceededError(absl::StrCat(
           what, " timed out after ", options.timeout.count(),
           " ms waiting for node rank(s) ", absl::StrJoin(ranks, ", "))));
@@ -126,8 +113,8 @@ absl::Status TcpRounds::ExchangeMin(int64_t* data, size_t count,
       // Exactly one message: the next round's may follow in the stream.
       const size_t before = link.received();
       const ssize_t n = link.Receive();
-      if (n == 0 ||
-          (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                     errno != EINTR)) {
         return peer_error(p, n, "recv");
       }
       if (before < sizeof(int64_t) && link.received() >= sizeof(int64_t) &&

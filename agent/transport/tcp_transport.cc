@@ -5,9 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "agent/transport/tcp_negotiation.h"
 #include "agent/transport/tcp_peers.h"
 #include "agent/transport/tcp_ring.h"
-#include "agent/transport/tcp_negotiation.h"
 
 namespace baton::agent {
 

@@ -56,19 +56,14 @@ TcpTreeRounds::TcpTreeRounds(std::unique_ptr<RoundConnections> connections,
 }
 
 absl::StatusOr<bool> TcpTreeRounds::AwaitRound(size_t count) {
-  if (absl::Status usable = connections_->CheckAwait(count); !usable.ok()) {
-    return usable;
-  }
-  if (size() == 1) return false;  // nobody else can start one
-  const std::string what = absl::StrCat("waiting for a negotiation round on ",
-                                        connections_->Describe());
+  const std::string what = connections_->WaitWhat();
   while (true) {
-    const absl::StatusOr<int> peer = connections_->AwaitReadable(what);
+    const absl::StatusOr<int> peer = connections_->AwaitPeer(count);
     if (!peer.ok()) return peer.status();
     if (*peer < 0) return false;
-    Neighbour& from = *std::find_if(
-        neighbours_.begin(), neighbours_.end(),
-        [&](const Neighbour& n) { return n.rank == *peer; });
+    Neighbour& from =
+        *std::find_if(neighbours_.begin(), neighbours_.end(),
+                      [&](const Neighbour& n) { return n.rank == *peer; });
     // A neighbour's join word, a notice of a failure, or the end of the
     // stream.
     int64_t word = 0;
@@ -133,18 +128,10 @@ absl::Status TcpTreeRounds::ExchangeMin(int64_t* data, size_t count,
       polled.push_back(&n);
     }
     if (pfds.empty()) break;
-    pfds.push_back({connections_->abort_fd(), POLLIN, 0});
-    const int ready =
-        ::poll(pfds.data(), pfds.size(), tcp::PollMillis(grace ? *grace : deadline));
-    if (ready < 0) {
-      if (errno == EINTR) continue;
-      return connections_->Poison(absl::UnavailableError(
-          absl::StrCat(what, ": ", tcp::Errno("poll"))));
-    }
-    if (ready > 0 && pfds.back().revents != 0) {
-      return connections_->Aborted(what);
-    }
-    if (ready == 0) {
+    const absl::StatusOr<int> ready =
+        connections_->Poll(pfds, grace ? *grace : deadline, what);
+    if (!ready.ok()) return ready.status();
+    if (*ready == 0) {
       RoundNotice notice;
       notice.reporter = rank();
       notice.reason = RoundNotice::Reason::kTimedOut;
@@ -194,7 +181,8 @@ absl::Status TcpTreeRounds::ExchangeMin(int64_t* data, size_t count,
         send_down(n.in.data() + 1);
         continue;
       }
-      for (size_t j = 2; j < count + 2; ++j) own_[j] = std::min(own_[j], n.in[j]);
+      for (size_t j = 2; j < count + 2; ++j)
+        own_[j] = std::min(own_[j], n.in[j]);
       if (--waiting_children > 0) continue;
       if (tree_.parent() < 0) {
         send_down(own_.data() + 1);
@@ -262,24 +250,19 @@ absl::Status TcpTreeRounds::TakeNotice(Neighbour& from, int64_t header,
   from.link.Expect(reinterpret_cast<char*>(rest.data()) + have, bytes - have);
   const Deadline deadline(connections_->clock(),
                           absl::FromChrono(kNoticeTimeout));
+  std::vector<struct pollfd> pfds;
   while (from.link.receiving()) {
-    struct pollfd pfds[2] = {{from.link.fd(), POLLIN, 0},
-                             {connections_->abort_fd(), POLLIN, 0}};
-    const int ready = ::poll(pfds, 2, tcp::PollMillis(deadline));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) {
-      return connections_->Poison(absl::UnavailableError(
-          absl::StrCat(what, ": ", tcp::Errno("poll"))));
-    }
-    if (pfds[1].revents != 0) return connections_->Aborted(what);
-    if (ready == 0) {
+    pfds = {{from.link.fd(), POLLIN, 0}};
+    const absl::StatusOr<int> ready = connections_->Poll(pfds, deadline, what);
+    if (!ready.ok()) return ready.status();
+    if (*ready == 0) {
       RoundNotice stalled;
       stalled.reporter = rank();
       stalled.reason = RoundNotice::Reason::kUnreachable;
       stalled.subjects = {from.rank};
-      stalled.detail = absl::StrCat(
-          "sent part of a failure notice, then nothing for ",
-          kNoticeTimeout.count(), " ms");
+      stalled.detail =
+          absl::StrCat("sent part of a failure notice, then nothing for ",
+                       kNoticeTimeout.count(), " ms");
       tcp::ShutDown(from.link.link());
       return Fail(stalled, what, from.rank);
     }
@@ -320,7 +303,8 @@ void TcpTreeRounds::Tell(const RoundNotice& notice, int except) {
     }
     if (pfds.empty()) return;
     pfds.push_back({connections_->abort_fd(), POLLIN, 0});
-    const int ready = ::poll(pfds.data(), pfds.size(), tcp::PollMillis(deadline));
+    const int ready =
+        ::poll(pfds.data(), pfds.size(), tcp::PollMillis(deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0 || pfds.back().revents != 0) break;
     for (size_t i = 0; i < polled.size(); ++i) {

@@ -21,10 +21,11 @@
 namespace baton::agent {
 
 // The scheduler's negotiation rounds (NegotiationWire) along a
-// NegotiationTree, for large generations: about 3N messages and 3 x depth
-// hops a round, where the all-to-all (TcpRounds) sends N x (N-1) messages
-// in one hop. Each node connects to its tree neighbours only
-// (RoundConnections); the agent chooses the wire per generation
+// NegotiationTree, for large generations: 3 to 4 messages per tree edge
+// (about 4N) and 2 x depth hops once every node is in the round (up to
+// 4 x depth from one node with news), where the all-to-all (TcpRounds)
+// sends N x (N-1) messages in one hop. Each node connects to its tree
+// neighbours only (RoundConnections); the agent chooses the wire per generation
 // (NegotiationChoice).
 //
 // A round, on every tree edge, each way: a join word (the round's count),

@@ -626,20 +626,20 @@ TEST_P(SchedulerTest, ALeavingNodeStopsEveryNodeAfterTheSameRound) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Negotiation, SchedulerTest,
-    ::testing::Values(RoundsOn::kAllToAll, RoundsOn::kTree, RoundsOn::kFake),
-    [](const ::testing::TestParamInfo<RoundsOn>& info) {
-      switch (info.param) {
-        case RoundsOn::kAllToAll:
-          return "Tcp";
-        case RoundsOn::kTree:
-          return "TcpTree";
-        case RoundsOn::kFake:
-          return "Fake";
-      }
-      return "Unknown";
-    });
+INSTANTIATE_TEST_SUITE_P(Negotiation, SchedulerTest,
+                         ::testing::Values(RoundsOn::kAllToAll, RoundsOn::kTree,
+                                           RoundsOn::kFake),
+                         [](const ::testing::TestParamInfo<RoundsOn>& info) {
+                           switch (info.param) {
+                             case RoundsOn::kAllToAll:
+                               return "Tcp";
+                             case RoundsOn::kTree:
+                               return "TcpTree";
+                             case RoundsOn::kFake:
+                               return "Fake";
+                           }
+                           return "Unknown";
+                         });
 
 }  // namespace
 }  // namespace baton::agent

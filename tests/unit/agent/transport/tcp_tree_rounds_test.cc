@@ -67,11 +67,13 @@ std::string TreeName(
 // Every node starts every round (nobody waits in AwaitRound); the count
 // changes from round to round, so a node that read more or less than its
 // messages gets wrong values.
-TEST_P(TcpTreeRoundsTest, ExchangeMinGivesTheElementwiseMinimumRoundAfterRound) {
+TEST_P(TcpTreeRoundsTest,
+       ExchangeMinGivesTheElementwiseMinimumRoundAfterRound) {
   std::unique_ptr<Cluster> cluster = ConnectedTree(nodes(), fanout());
   ASSERT_FALSE(HasFailure());
   for (int rank = 0; rank < nodes(); ++rank) {
-    auto* tree = dynamic_cast<TcpTreeRounds*>(cluster->negotiations[rank].get());
+    auto* tree =
+        dynamic_cast<TcpTreeRounds*>(cluster->negotiations[rank].get());
     ASSERT_NE(tree, nullptr) << "node " << rank << " is not on the tree";
     EXPECT_EQ(tree->rank(), rank);
     EXPECT_EQ(tree->size(), nodes());
@@ -147,11 +149,11 @@ TEST_P(TcpTreeRoundsTest, AnyNodeStartsARoundAndTheOthersJoin) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Trees, TcpTreeRoundsTest,
-    ::testing::Combine(::testing::Values(1, 2, 3, 5, 9, 17),
-                       ::testing::Values(2, 4)),
-    TreeName);
+INSTANTIATE_TEST_SUITE_P(Trees, TcpTreeRoundsTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 5, 9,
+                                                              17),
+                                            ::testing::Values(2, 4)),
+                         TreeName);
 
 // --- Waiting for rounds ------------------------------------------------------
 
@@ -263,11 +265,11 @@ TEST_P(TcpTreeRoundsWaitTest, RoundWithoutANodeTimesOutNamingItEverywhere) {
       EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded)
           << "node " << rank << ": " << status;
       EXPECT_THAT(status.message(), HasSubstr("timed out after 1500 ms"));
-      EXPECT_THAT(std::string(status.message()),
-                  AnyOf(EndsWith(absl::StrCat("waiting for node rank(s) ",
-                                              silent)),
-                        HasSubstr(absl::StrCat("waiting for node rank(s) ",
-                                               silent, " (reported by"))))
+      EXPECT_THAT(
+          std::string(status.message()),
+          AnyOf(EndsWith(absl::StrCat("waiting for node rank(s) ", silent)),
+                HasSubstr(absl::StrCat("waiting for node rank(s) ", silent,
+                                       " (reported by"))))
           << "node " << rank;
       EXPECT_TRUE(rounds.poisoned());
       const absl::Status again = rounds.ExchangeMin(
@@ -334,7 +336,8 @@ TEST_P(TcpTreeRoundsNodeGoneTest, AwaitRoundFailsNamingItOnEveryNode) {
       EXPECT_THAT(started.status().message(), Not(HasSubstr("reported by")))
           << "node " << rank;
     } else {
-      EXPECT_THAT(started.status().message(), HasSubstr("(reported by node rank"))
+      EXPECT_THAT(started.status().message(),
+                  HasSubstr("(reported by node rank"))
           << "node " << rank;
     }
     EXPECT_TRUE(rounds.poisoned());
