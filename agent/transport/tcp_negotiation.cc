@@ -4,6 +4,7 @@
 
 #include "agent/transport/tcp_rounds.h"
 #include "agent/transport/tcp_tree_rounds.h"
+#include "glog/logging.h"
 
 namespace baton::agent {
 
@@ -16,6 +17,11 @@ absl::StatusOr<std::unique_ptr<NegotiationWire>> ConnectTcpNegotiation(
     absl::StatusOr<std::unique_ptr<TcpTreeRounds>> tree =
         TcpTreeRounds::Connect(request, choice.fanout, address, clock, pool);
     if (!tree.ok()) return tree.status();
+    LOG(INFO) << "negotiation of " << request.num_nodes << " nodes (node rank "
+              << request.node_rank << ", keys under \""
+              << StoreKey(request.prefix, "rounds") << "/\"): along a tree of "
+              << "fanout " << choice.fanout << ", depth "
+              << (*tree)->tree().depth();
     return std::unique_ptr<NegotiationWire>(std::move(tree).value());
   }
   absl::StatusOr<std::unique_ptr<TcpRounds>> rounds =
