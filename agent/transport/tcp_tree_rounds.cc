@@ -181,8 +181,9 @@ absl::Status TcpTreeRounds::ExchangeMin(int64_t* data, size_t count,
         send_down(n.in.data() + 1);
         continue;
       }
-      for (size_t j = 2; j < count + 2; ++j)
+      for (size_t j = 2; j < count + 2; ++j) {
         own_[j] = std::min(own_[j], n.in[j]);
+      }
       if (--waiting_children > 0) continue;
       if (tree_.parent() < 0) {
         send_down(own_.data() + 1);

@@ -54,7 +54,8 @@ namespace baton::agent {
 // joined, but whose round did not end, waits up to one more timeout for
 // that notice (it comes from the nodes next to the silent one, which timed
 // out at about the same time), then fails naming the neighbours it still
-// waits for. A round thus ends within twice its timeout.
+// waits for. A round thus ends within twice its timeout (and the
+// kNoticeTimeout of telling its neighbours).
 //
 // Like TcpRounds: messages in the host's byte order; at most 2^24 words a
 // round; a round is not acknowledged; a failure shuts down only the
