@@ -31,6 +31,7 @@
 #include "agent/transport/memory_key_value_store.h"
 #include "agent/transport/tcp_transport.h"
 #include "gflags/gflags.h"
+#include "glog/logging.h"
 
 DEFINE_string(nodes, "2,4,8,16,32", "Node counts, comma-separated");
 DEFINE_string(words, "64,4096", "Vector sizes in int64 words");
@@ -207,5 +208,6 @@ int main(int argc, char** argv) {
       "baton-bench-negotiation-rounds: round latency of the all-to-all and "
       "tree negotiation wires on loopback");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_minloglevel = google::GLOG_WARNING;  // no line per connect
   return baton::agent::Main();
 }
