@@ -8,6 +8,7 @@
 #include <string>
 
 #include "agent/scheduler/operation.h"
+#include "agent/transport/negotiation_choice.h"
 #include "common/tls.h"
 
 namespace baton::agent {
@@ -43,6 +44,9 @@ struct AgentConfig {
   std::chrono::milliseconds trainer_restart_timeout{60000};
   // Data communicators per job (separate TCP connections, used in parallel).
   int data_channels = 4;
+  // The wire of the scheduler's negotiation rounds (--negotiation,
+  // --negotiation_fanout); node rank 0's holds for a generation.
+  NegotiationChoice negotiation;
   std::chrono::milliseconds reconnect_max_backoff{2000};
   // When set, each job appends its launches to
   // <dir>/<job>.<node>.launches.

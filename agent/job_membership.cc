@@ -473,6 +473,7 @@ void JobMembership::ConnectDataPlane() {
   request.timeout = config_.op_timeout;
   request.reuse_key = LinkKey("data");
   request.secret = m.data_plane_secret();
+  request.negotiation = config_.negotiation;
   const int64_t generation = m.generation();
   connectors_.emplace_back([this, request, generation]() mutable {
     // std::function needs a copyable task: share the move-only result.
@@ -482,9 +483,12 @@ void JobMembership::ConnectDataPlane() {
     // with different values still build the same communicators.
     const LinkCounts before = env_.transport->link_counts();
     absl::StatusOr<int> channels = AgreeOnChannels(request);
+    // And its negotiation wire (--negotiation).
+    absl::StatusOr<NegotiationChoice> wire =
+        channels.ok() ? AgreeOnNegotiation(request) : channels.status();
+    if (wire.ok()) request.negotiation = *wire;
     absl::StatusOr<std::unique_ptr<NegotiationWire>> negotiation =
-        channels.ok() ? env_.transport->ConnectNegotiation(request)
-                      : channels.status();
+        wire.ok() ? env_.transport->ConnectNegotiation(request) : wire.status();
     if (negotiation.ok()) {
       request.count = *channels;
       absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> data =

@@ -72,6 +72,17 @@ DEFINE_int64(trainer_restart_timeout_ms, 60000,
 DEFINE_int32(data_channels, 4,
              "Data communicators per job (separate TCP connections used in "
              "parallel)");
+DEFINE_string(negotiation, "auto",
+              "How the scheduler's negotiation rounds travel between agents: "
+              "all_to_all (every node sends its vector to every other: one "
+              "hop, N x (N-1) messages a round), tree (along a tree of "
+              "--negotiation_fanout children per node: O(N) messages, "
+              "O(log N) hops) or auto (all_to_all up to 4 nodes, tree "
+              "above); node rank 0's choice holds for every node of a "
+              "generation");
+DEFINE_int32(negotiation_fanout, 4,
+             "Children per node of the negotiation tree (2..64), when "
+             "--negotiation chooses the tree");
 DEFINE_int64(reconnect_max_backoff_ms, 2000,
              "Longest wait between attempts to reach the coordinator");
 DEFINE_int64(timeline_records, 100000,
@@ -180,6 +191,17 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
         "--insecure to accept that (docs/operations.md, \"What the data "
         "plane protects\")");
   }
+  absl::StatusOr<agent::NegotiationChoice::Wire> negotiation =
+      agent::NegotiationChoice::ParseWire(FLAGS_negotiation);
+  if (!negotiation.ok()) return negotiation.status();
+  config.negotiation.wire = *negotiation;
+  if (FLAGS_negotiation_fanout < 2 ||
+      FLAGS_negotiation_fanout > agent::NegotiationChoice::kMaxFanout) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--negotiation_fanout=", FLAGS_negotiation_fanout,
+                     " must be in 2..", agent::NegotiationChoice::kMaxFanout));
+  }
+  config.negotiation.fanout = FLAGS_negotiation_fanout;
   if (FLAGS_gpu_cross_node == "nccl") {
     config.gpu_cross_node = agent::GpuCrossNode::kNccl;
   } else if (FLAGS_gpu_cross_node == "gloo") {

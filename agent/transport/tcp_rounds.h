@@ -1,18 +1,16 @@
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "agent/scheduler/negotiation_wire.h"
-#include "agent/transport/poison_state.h"
+#include "agent/transport/round_connections.h"
+#include "agent/transport/round_link.h"
 #include "agent/transport/tcp_link_pool.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
@@ -33,11 +31,10 @@ namespace baton::agent {
 // 2-5 ms instead of 0.2 ms one time in ten (docs/benchmarks.md).
 //
 // Messages: an 8-byte word count, then that many int64 words, in the host's
-// byte order (agents of one job run the same build). Connecting: each node
-// listens on an ephemeral port of its data-plane address, publishes
-// "<host> <port>" under "<prefix>/rounds/<rank>", connects to every lower
-// rank, and accepts every higher one, which introduces itself (magic, its
-// rank, a hash of the prefix).
+// byte order (agents of one job run the same build). Connecting: to every
+// other node (RoundConnections).
+//
+// N x (N-1) messages a round: for large generations, TcpTreeRounds.
 //
 // A round carries at most 2^24 words (INVALID_ARGUMENT above that).
 //
@@ -61,51 +58,28 @@ class TcpRounds : public NegotiationWire {
       const ConnectRequest& request, const std::string& address, Clock* clock,
       tcp::LinkPool* pool);
 
-  ~TcpRounds() override;
-
-  int rank() const override { return rank_; }
-  int size() const override { return static_cast<int>(peers_.size()); }
+  int rank() const override { return connections_->rank(); }
+  int size() const override { return connections_->size(); }
 
   absl::Status ExchangeMin(int64_t* data, size_t count,
                            const CollectiveOptions& options) override;
   absl::StatusOr<bool> AwaitRound(size_t count) override;
-  void Interrupt() override;
-  void Abort(const absl::Status& status) override;
-  bool poisoned() const override { return poison_.is_set(); }
+  void Interrupt() override { connections_->Interrupt(); }
+  void Abort(const absl::Status& status) override {
+    connections_->Abort(status);
+  }
+  bool poisoned() const override { return connections_->poisoned(); }
 
  private:
-  // The vector being read from one peer.
-  struct Peer {
-    std::vector<int64_t> message;  // count word + the vector
-    size_t received = 0;           // bytes of `message` read so far
-  };
-  TcpRounds(int rank, tcp::LentLinks links, int interrupt_fd, int abort_fd,
-            Clock* clock);
-  // After Abort: its status, prefixed with `what` (the call it ended).
-  absl::Status Aborted(const std::string& what) const;
+  explicit TcpRounds(std::unique_ptr<RoundConnections> connections);
 
-  // "negotiation connections of 3 nodes (node rank 0)".
-  std::string Describe() const;
-  // FAILED_PRECONDITION once poisoned.
-  absl::Status CheckUsable() const;
-  // Records `status` as the poison and returns it.
-  absl::Status Poison(absl::Status status);
-  // The same after an I/O error on node rank `peer`'s connection, which is
-  // shut down.
-  absl::Status PoisonPeer(int peer, absl::Status status);
-
-  const int rank_;
-  // By node rank (fd -1 for this node's own slot): given back to the pool,
-  // or closed, by the destructor.
-  tcp::LentLinks links_;
-  std::vector<Peer> peers_;
-  // An eventfd: Interrupt() adds to it, AwaitRound drains it.
-  const int interrupt_fd_;
-  // An eventfd: Abort() sets it for good; every wait polls it.
-  const int abort_fd_;
-  Clock* const clock_;
-
-  PoisonState poison_;
+  const std::unique_ptr<RoundConnections> connections_;
+  // By node rank (unused for this node's own).
+  std::vector<tcp::RoundLink> links_;
+  // This node's count word and vector this round, sent to every peer.
+  std::vector<int64_t> out_;
+  // By node rank: the count word and the vector each peer sent this round.
+  std::vector<std::vector<int64_t>> messages_;
 };
 
 }  // namespace baton::agent

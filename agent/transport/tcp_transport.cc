@@ -5,9 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "agent/transport/tcp_negotiation.h"
 #include "agent/transport/tcp_peers.h"
 #include "agent/transport/tcp_ring.h"
-#include "agent/transport/tcp_rounds.h"
 
 namespace baton::agent {
 
@@ -43,10 +43,7 @@ TcpTransport::Connect(const ConnectRequest& request) {
 
 absl::StatusOr<std::unique_ptr<NegotiationWire>>
 TcpTransport::ConnectNegotiation(const ConnectRequest& request) {
-  absl::StatusOr<std::unique_ptr<TcpRounds>> rounds =
-      TcpRounds::Connect(request, address_, clock_, &pool_);
-  if (!rounds.ok()) return rounds.status();
-  return std::unique_ptr<NegotiationWire>(std::move(rounds).value());
+  return ConnectTcpNegotiation(request, address_, clock_, &pool_);
 }
 
 void TcpTransport::DropKept(const std::string& prefix) { pool_.Drop(prefix); }

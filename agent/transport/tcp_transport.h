@@ -13,7 +13,8 @@ namespace baton::agent {
 
 // The CPU data plane on baton's own TCP connections: every data
 // communicator is a TcpRing (ring collectives run by the calling thread),
-// the negotiation is TcpRounds. No thread of its own. The agent's default
+// the negotiation is TcpRounds or TcpTreeRounds (ConnectTcpNegotiation).
+// No thread of its own. The agent's default
 // (--data_transport=tcp); GlooTransport is the alternative.
 //
 // Keeps connections between generations (ConnectRequest.reuse_key, in a

@@ -12,6 +12,7 @@
 #include "agent/scheduler/negotiation_wire.h"
 #include "agent/transport/collective_options.h"
 #include "agent/transport/key_value_store.h"
+#include "agent/transport/negotiation_choice.h"
 #include "baton/v1/common.pb.h"
 
 namespace baton::agent {
@@ -97,6 +98,10 @@ struct ConnectRequest {
   // authentication". gloo's pairs and NCCL cannot use it (docs/operations.md,
   // "What the data plane protects").
   std::string secret;
+  // Which wire carries the negotiation rounds (ConnectNegotiation only):
+  // the same on every node (AgreeOnNegotiation). kAuto is resolved for
+  // num_nodes.
+  NegotiationChoice negotiation;
 };
 
 // INVALID_ARGUMENT naming the field when `request` cannot be connected:
@@ -137,8 +142,9 @@ class Transport {
   virtual absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> Connect(
       const ConnectRequest& request) = 0;
 
-  // Connects the scheduler's negotiation rounds among the nodes;
-  // request.count is ignored. Errors like Connect.
+  // Connects the scheduler's negotiation rounds among the nodes on the wire
+  // request.negotiation names; request.count is ignored. Errors like
+  // Connect.
   virtual absl::StatusOr<std::unique_ptr<NegotiationWire>> ConnectNegotiation(
       const ConnectRequest& request) = 0;
 

@@ -20,8 +20,8 @@
 #include "absl/strings/str_join.h"
 #include "agent/reduce.h"
 #include "agent/transport/gloo/gloo_store.h"
+#include "agent/transport/tcp_negotiation.h"
 #include "agent/transport/tcp_peers.h"
-#include "agent/transport/tcp_rounds.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/rendezvous/context.h"
@@ -176,11 +176,8 @@ GlooTransport::GlooTransport(std::shared_ptr<gloo::transport::Device> device,
 
 absl::StatusOr<std::unique_ptr<NegotiationWire>>
 GlooTransport::ConnectNegotiation(const ConnectRequest& request) {
-  absl::StatusOr<std::unique_ptr<TcpRounds>> rounds =
-      TcpRounds::Connect(request, address_, options_.clock,
-                         /*pool=*/nullptr);
-  if (!rounds.ok()) return rounds.status();
-  return std::unique_ptr<NegotiationWire>(std::move(rounds).value());
+  return ConnectTcpNegotiation(request, address_, options_.clock,
+                               /*pool=*/nullptr);
 }
 
 GlooTransport::~GlooTransport() = default;

@@ -72,8 +72,8 @@ class GlooTransport : public Transport {
   absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> Connect(
       const ConnectRequest& request) override;
 
-  // The rounds on connections of their own (TcpRounds), on the device's
-  // address.
+  // The rounds on connections of their own (ConnectTcpNegotiation), on the
+  // device's address.
   absl::StatusOr<std::unique_ptr<NegotiationWire>> ConnectNegotiation(
       const ConnectRequest& request) override;
 

@@ -106,6 +106,25 @@ TEST(AgentIntegrationTest, RandomDelaysKeepOneLaunchOrderAndRightResults) {
   ExpectSameLaunches(cluster, "delays", 3);
 }
 
+// The negotiation along a tree (--negotiation=tree): five agents, a binary
+// tree of depth 2 (node rank 1 an inner node, 3 and 4 its leaves): the
+// results and the launch order are the same as on the all-to-all.
+TEST(AgentIntegrationTest, NegotiationAlongATreeGivesTheSameResults) {
+  LocalCluster cluster;
+  ASSERT_TRUE(
+      cluster.Start(5, {}, {"--negotiation=tree", "--negotiation_fanout=2"})
+          .ok());
+  ASSERT_TRUE(
+      cluster
+          .StartTrainers("tree", {1, 1, 2, 1, 1},
+                         {"--dtypes=float32,int64", "--counts=1,p-1,p+1,40000",
+                          "--steps=3", "--max_delay_ms=3"},
+                         {kPartition})
+          .ok());
+  ExpectAllPass(cluster, cluster.WaitTrainers(absl::Minutes(3)));
+  ExpectSameLaunches(cluster, "tree", 5);
+}
+
 // Also the trainers' gRPC path: no shared-memory channel.
 TEST(AgentIntegrationTest, FifoModeGivesTheSameResults) {
   LocalCluster cluster;

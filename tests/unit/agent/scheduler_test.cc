@@ -1,6 +1,6 @@
 // The scheduler's pieces: the negotiation vector, the launch queue, and the
 // data plane run as N nodes (threads) over real gloo and negotiation rounds
-// (TcpRounds) on loopback.
+// (TcpRounds, TcpTreeRounds) on loopback.
 #include "agent/scheduler/scheduler.h"
 
 #include <algorithm>
@@ -257,15 +257,26 @@ struct Node {
   }
 };
 
-// The data plane's tests run twice: the negotiation over real TCP
-// (TcpRounds) and over an in-process fake of NegotiationWire, with the data
-// over TCP rings.
-class SchedulerTest : public ::testing::TestWithParam<bool> {
+// Where the data plane's tests run their negotiation.
+enum class RoundsOn {
+  kAllToAll,  // TcpRounds
+  kTree,      // TcpTreeRounds of fanout 2, so that 3 nodes make a tree
+  kFake,      // an in-process fake of NegotiationWire
+};
+
+// The data plane's tests run three times: the negotiation over real TCP
+// (all to all and along a tree) and over the fake, with the data over TCP
+// rings.
+class SchedulerTest : public ::testing::TestWithParam<RoundsOn> {
  protected:
-  bool fake_negotiation() const { return GetParam(); }
+  bool fake_negotiation() const { return GetParam() == RoundsOn::kFake; }
 
   void Start(int nodes, SchedulerOptions base) {
     cluster_ = std::make_unique<Cluster>(nodes, DataTransport::kTcp);
+    cluster_->negotiation.wire = GetParam() == RoundsOn::kTree
+                                     ? NegotiationChoice::Wire::kTree
+                                     : NegotiationChoice::Wire::kAllToAll;
+    cluster_->negotiation.fanout = 2;
     if (fake_negotiation()) {
       auto hub = std::make_shared<FakeNegotiationHub>(nodes);
       for (int rank = 0; rank < nodes; ++rank) {
@@ -658,9 +669,19 @@ TEST_P(SchedulerTest, ALeavingNodeStopsEveryNodeAfterTheSameRound) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Negotiation, SchedulerTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "Fake" : "Tcp";
+INSTANTIATE_TEST_SUITE_P(Negotiation, SchedulerTest,
+                         ::testing::Values(RoundsOn::kAllToAll, RoundsOn::kTree,
+                                           RoundsOn::kFake),
+                         [](const ::testing::TestParamInfo<RoundsOn>& info) {
+                           switch (info.param) {
+                             case RoundsOn::kAllToAll:
+                               return "Tcp";
+                             case RoundsOn::kTree:
+                               return "TcpTree";
+                             case RoundsOn::kFake:
+                               return "Fake";
+                           }
+                           return "Unknown";
                          });
 
 }  // namespace

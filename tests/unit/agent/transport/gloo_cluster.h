@@ -34,6 +34,9 @@ struct Cluster {
   std::vector<std::vector<std::unique_ptr<Communicator>>> communicators;
   // [node rank]: the negotiation rounds (ConnectNegotiation).
   std::vector<std::unique_ptr<NegotiationWire>> negotiations;
+  // The wire ConnectNegotiation asks for (auto: all-to-all up to
+  // NegotiationChoice::kAllToAllUpTo nodes).
+  NegotiationChoice negotiation;
 
   explicit Cluster(int nodes, DataTransport kind = DataTransport::kGloo,
                    GlooTransport::Options options = {}) {
@@ -64,6 +67,7 @@ struct Cluster {
     request.count = count;
     request.timeout = timeout;
     request.secret = kTestSecret;
+    request.negotiation = negotiation;
     return request;
   }
 

@@ -42,7 +42,8 @@ std::unique_ptr<TcpTransport> NewTransport() {
 }
 
 ConnectRequest Request(int rank, int nodes, int generation,
-                       std::shared_ptr<KeyValueStore> store) {
+                       std::shared_ptr<KeyValueStore> store,
+                       NegotiationChoice negotiation = {}) {
   ConnectRequest request;
   request.node_rank = rank;
   request.num_nodes = nodes;
@@ -52,6 +53,7 @@ ConnectRequest Request(int rank, int nodes, int generation,
   request.timeout = kTimeout;
   request.reuse_key = "job/data";
   request.secret = std::string(32, '\x5a');
+  request.negotiation = negotiation;
   return request;
 }
 
@@ -61,7 +63,8 @@ ConnectRequest Request(int rank, int nodes, int generation,
 // member's connections kept and made in this connect.
 std::vector<LinkCounts> ConnectGeneration(std::vector<Node>& nodes,
                                           const std::vector<int>& members,
-                                          int generation) {
+                                          int generation,
+                                          NegotiationChoice negotiation = {}) {
   auto store = std::make_shared<MemoryKeyValueStore>();
   const int size = static_cast<int>(members.size());
   std::vector<LinkCounts> counts(size);
@@ -70,7 +73,8 @@ std::vector<LinkCounts> ConnectGeneration(std::vector<Node>& nodes,
     node.rings.clear();
     node.rounds.reset();
     const LinkCounts before = node.transport->link_counts();
-    const ConnectRequest request = Request(rank, size, generation, store);
+    const ConnectRequest request =
+        Request(rank, size, generation, store, negotiation);
     auto rounds = node.transport->ConnectNegotiation(request);
     ASSERT_TRUE(rounds.ok()) << "rank " << rank << ": " << rounds.status();
     auto rings = node.transport->Connect(request);
@@ -169,6 +173,43 @@ TEST(TcpKeptLinksTest, SameMembersKeepEveryConnectionAfterAnAbort) {
   for (const auto& counts : ConnectGeneration(nodes, all, 2)) {
     EXPECT_EQ(counts.kept, 6);
     EXPECT_EQ(counts.made, 0);
+  }
+  ExpectExactCollectives(nodes, all);
+}
+
+// The rounds along a tree keep their connections too: the same members
+// re-form after an abort (a leaf's half round, timed out, and its notice left
+// unread) and keep every one; a later generation on the all-to-all keeps
+// the tree's edges and makes only the others.
+TEST(TcpKeptLinksTest, TreeRoundsKeepTheirEdges) {
+  std::vector<Node> nodes(5);
+  for (Node& node : nodes) node.transport = NewTransport();
+  const std::vector<int> all = {0, 1, 2, 3, 4};
+  NegotiationChoice tree;
+  tree.wire = NegotiationChoice::Wire::kTree;
+  tree.fanout = 2;
+  // Tree neighbours by node rank (0: 1 and 2; 1: 0, 3 and 4); 2 rings of 2
+  // neighbours each besides.
+  const int neighbours[] = {2, 3, 1, 1, 1};
+  std::vector<LinkCounts> counts = ConnectGeneration(nodes, all, 1, tree);
+  for (int rank = 0; rank < 5; ++rank) {
+    EXPECT_EQ(counts[rank].kept, 0) << "rank " << rank;
+    EXPECT_EQ(counts[rank].made, 4 + neighbours[rank]) << "rank " << rank;
+  }
+  ExpectExactCollectives(nodes, all);
+  AbortMidCollective(nodes, all);
+  counts = ConnectGeneration(nodes, all, 2, tree);
+  for (int rank = 0; rank < 5; ++rank) {
+    EXPECT_EQ(counts[rank].kept, 4 + neighbours[rank]) << "rank " << rank;
+    EXPECT_EQ(counts[rank].made, 0) << "rank " << rank;
+  }
+  ExpectExactCollectives(nodes, all);
+  NegotiationChoice all_to_all;
+  all_to_all.wire = NegotiationChoice::Wire::kAllToAll;
+  counts = ConnectGeneration(nodes, all, 3, all_to_all);
+  for (int rank = 0; rank < 5; ++rank) {
+    EXPECT_EQ(counts[rank].kept, 4 + neighbours[rank]) << "rank " << rank;
+    EXPECT_EQ(counts[rank].made, 4 - neighbours[rank]) << "rank " << rank;
   }
   ExpectExactCollectives(nodes, all);
 }
