@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/init.h"
@@ -188,6 +189,15 @@ int Main(int argc, char** argv) {
   const sigset_t shutdown_signals = BlockShutdownSignals();
 
   InitProcess(&argc, &argv, kUsage);
+  // Debian's abseil is built with absl::Mutex's deadlock detection on: every
+  // acquisition looks the lock up in a global graph under a global lock
+  // (GraphCycles::GetId, 4% of the coordinator's CPU at 10,000 sessions;
+  // without it the coordinator used 7% less CPU there, docs/benchmarks.md).
+  // Only here: the agent's trainer round trip measured 1-14% slower without
+  // it, in 6 of 6 alternating pairs (not explained; perhaps the spinning of
+  // the fast path on 2 cores). The tests keep it; clang's thread-safety
+  // analysis checks lock use at compile time.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::StatusOr<CoordinatorOptions> options = OptionsFromFlags();
   if (!options.ok()) {
     std::fprintf(stderr, "baton-coordinator: %s\n",
