@@ -513,20 +513,14 @@ void JobMembership::ConnectDataPlane() {
 
 absl::StatusOr<int> JobMembership::AgreeOnChannels(
     const ConnectRequest& request) const {
-  const std::string key = request.prefix + "/channels";
-  if (request.node_rank == 0) {
-    absl::Status status =
-        request.store->Set(key, std::to_string(config_.data_channels));
-    if (!status.ok()) return status;
-    return config_.data_channels;
-  }
-  auto values = request.store->Get({key}, request.timeout);
-  if (!values.ok()) return values.status();
+  absl::StatusOr<std::string> published = NodeRankZeroValue(
+      request, "channels", std::to_string(config_.data_channels));
+  if (!published.ok()) return published.status();
   int channels = 0;
-  if (!absl::SimpleAtoi((*values)[0], &channels) || channels < 1 ||
+  if (!absl::SimpleAtoi(*published, &channels) || channels < 1 ||
       channels > 16) {
     return absl::InvalidArgumentError(
-        absl::StrCat("node rank 0 published \"", (*values)[0],
+        absl::StrCat("node rank 0 published \"", *published,
                      "\" as its data channel count; expected 1..16"));
   }
   if (channels != config_.data_channels) {

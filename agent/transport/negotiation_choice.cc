@@ -68,20 +68,15 @@ absl::StatusOr<NegotiationChoice> NegotiationChoice::FromPublication(
 absl::StatusOr<NegotiationChoice> AgreeOnNegotiation(
     const ConnectRequest& request) {
   const NegotiationChoice mine = request.negotiation.Resolve(request.num_nodes);
-  const std::string key = request.prefix + "/negotiation";
-  if (request.node_rank == 0) {
-    absl::Status status = request.store->Set(key, mine.Publication());
-    if (!status.ok()) return status;
-    return mine;
-  }
-  absl::StatusOr<std::vector<std::string>> values =
-      request.store->Get({key}, request.timeout);
-  if (!values.ok()) return values.status();
+  absl::StatusOr<std::string> published =
+      NodeRankZeroValue(request, "negotiation", mine.Publication());
+  if (!published.ok()) return published.status();
   absl::StatusOr<NegotiationChoice> theirs =
-      NegotiationChoice::FromPublication((*values)[0]);
+      NegotiationChoice::FromPublication(*published);
   if (!theirs.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("node rank 0 published its negotiation wire under \"", key,
+        absl::StrCat("node rank 0 published its negotiation wire under \"",
+                     StoreKey(request.prefix, "negotiation"),
                      "\": ", theirs.status().message()));
   }
   if (*theirs != mine) {

@@ -48,6 +48,22 @@ std::string StoreKey(const std::string& prefix, const std::string& key) {
   return absl::StrCat(prefix, "/", key);
 }
 
+absl::StatusOr<std::string> NodeRankZeroValue(const ConnectRequest& request,
+                                              const std::string& name,
+                                              const std::string& mine) {
+  const std::string key = StoreKey(request.prefix, name);
+  if (request.node_rank == 0) {
+    if (absl::Status status = request.store->Set(key, mine); !status.ok()) {
+      return status;
+    }
+    return mine;
+  }
+  absl::StatusOr<std::vector<std::string>> values =
+      request.store->Get({key}, request.timeout);
+  if (!values.ok()) return values.status();
+  return (*values)[0];
+}
+
 absl::Status CheckAllreduceArguments(const void* data, size_t count,
                                      v1::DataType dtype,
                                      const CollectiveOptions& options,

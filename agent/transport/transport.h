@@ -113,6 +113,15 @@ absl::Status ValidateConnectRequest(const ConnectRequest& request);
 // when the prefix is empty or ends in '/').
 std::string StoreKey(const std::string& prefix, const std::string& key);
 
+// A setting every node must share, where node rank 0's value holds: node
+// rank 0 publishes `mine` under StoreKey(request.prefix, name) and returns
+// it; the others read and return what node rank 0 published, waiting up to
+// request.timeout (the store's own errors otherwise). The callers parse it
+// and say when it differs from their own.
+absl::StatusOr<std::string> NodeRankZeroValue(const ConnectRequest& request,
+                                              const std::string& name,
+                                              const std::string& mine);
+
 // The argument checks of every host AllreduceSum: INVALID_ARGUMENT naming
 // `on` (the communicator) for a data type without a reduction, null data
 // with elements to reduce, a size in bytes that overflows, or a divisor
