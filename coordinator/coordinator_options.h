@@ -35,6 +35,9 @@ struct CoordinatorOptions {
   // Agents are told to reconnect after this long when the coordinator shuts
   // down.
   absl::Duration shutdown_retry_after = absl::Seconds(1);
+  // Completion queues (each with a thread) the agent sessions are spread
+  // over.
+  int session_queues = 8;
 };
 
 }  // namespace baton::coordinator

@@ -59,6 +59,9 @@ DEFINE_int64(shutdown_grace_ms, 3000,
              "Milliseconds calls in progress get to finish after SIGTERM "
              "before they are cancelled; at most 4500");
 DEFINE_int32(events_per_job, 100, "Recent events kept per job (a count)");
+DEFINE_int32(session_queues, 8,
+             "gRPC completion queues, each with a thread, that the agents' "
+             "sessions are spread over (1..64)");
 DEFINE_int32(max_message_bytes, 16777216,
              "Largest gRPC message in bytes the coordinator sends or accepts");
 DEFINE_string(tokens_file, "",
@@ -81,6 +84,7 @@ constexpr char kUsage[] =
 
 constexpr int64_t kMaxPartitionBytes = int64_t{1} << 30;
 constexpr int64_t kMaxShutdownGraceMs = 4500;
+constexpr int32_t kMaxSessionQueues = 64;
 
 absl::Status Positive(const char* flag, int64_t value) {
   if (value > 0) return absl::OkStatus();
@@ -110,6 +114,7 @@ absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {
       {"shutdown_grace_ms", FLAGS_shutdown_grace_ms},
       {"events_per_job", FLAGS_events_per_job},
       {"max_message_bytes", FLAGS_max_message_bytes},
+      {"session_queues", FLAGS_session_queues},
   };
   for (const auto& flag : positive) {
     if (absl::Status status = Positive(flag.name, flag.value); !status.ok()) {
@@ -134,6 +139,11 @@ absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {
         absl::StrCat("--shutdown_grace_ms=", FLAGS_shutdown_grace_ms,
                      " must be at most ", kMaxShutdownGraceMs,
                      " so that shutdown finishes within 5 s: lower it"));
+  }
+  if (FLAGS_session_queues > kMaxSessionQueues) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--session_queues=", FLAGS_session_queues, " must be at most ",
+        kMaxSessionQueues, ": lower it (8 serve 10,000 agents)"));
   }
   if (absl::Status status = ValidateListenAddress(FLAGS_listen); !status.ok()) {
     return absl::InvalidArgumentError(
@@ -160,6 +170,7 @@ absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {
   options.job_retention = absl::Milliseconds(FLAGS_job_retention_ms);
   options.partition_bytes = FLAGS_partition_bytes;
   options.events_per_job = FLAGS_events_per_job;
+  options.session_queues = FLAGS_session_queues;
   return options;
 }
 

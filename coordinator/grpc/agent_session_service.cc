@@ -1,8 +1,9 @@
 #include "coordinator/grpc/agent_session_service.h"
 
+#include <glog/logging.h>
+
 #include <deque>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -18,7 +19,7 @@ namespace baton::coordinator {
 namespace {
 
 using SessionStream =
-    grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+    grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 // A byte buffer over the message's shared wire bytes: no copy; the slice keeps
 // the message alive until gRPC is done with it.
@@ -32,26 +33,38 @@ grpc::ByteBuffer WireBytes(const OutboundMessage& message) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
+// A completion tag that calls `Owner::*handler`.
+template <class Owner>
+class HandlerTag final : public CompletionTag {
+ public:
+  HandlerTag(Owner* owner, void (Owner::*handler)(bool))
+      : owner_(owner), handler_(handler) {}
+  void Complete(bool ok) override { (owner_->*handler_)(ok); }
+
+ private:
+  Owner* const owner_;
+  void (Owner::*const handler_)(bool);
+};
+
 // The outbound half of one stream: a queue with exactly one write in flight,
 // and the one place that decides when the stream is finished, so that Finish
 // is called exactly once and never while a write is outstanding.
 //
-// gRPC calls (StartWrite, Finish) are made outside mu_: a reaction may run on
-// another thread at any time after them, and must be free to take mu_.
-// Calling them through the raw reactor pointer outside the lock is safe
-// because the reactor cannot reach OnDone before Finish, and only the thread
-// that claimed the Finish (under mu_) calls it, after the last write's
-// OnWriteDone.
+// The async API never calls back into the caller of an operation (results
+// come through the completion queue), so operations are started with mu_
+// held. The coordinator may keep the channel after its stream ended: Detach
+// cuts it off, after which nothing is started and everything is dropped.
 class StreamChannel final : public AgentChannel {
  public:
-  explicit StreamChannel(SessionStream* stream) : stream_(stream) {}
+  // `written` and `finished` are the stream's tags for its writes and its
+  // Finish.
+  StreamChannel(SessionStream* stream, CompletionTag* written,
+                CompletionTag* finished)
+      : written_(written), finished_(finished), stream_(stream) {}
 
   void Send(OutboundMessage message) override ABSL_LOCKS_EXCLUDED(mu_) {
-    mu_.Lock();
-    if (stream_ == nullptr || finish_requested_) {
-      mu_.Unlock();
-      return;
-    }
+    absl::MutexLock lock(&mu_);
+    if (stream_ == nullptr || finish_requested_) return;
     outbound_.push_back(std::move(message));
     Advance();
   }
@@ -65,19 +78,16 @@ class StreamChannel final : public AgentChannel {
   // Only the first request counts.
   void RequestFinish(grpc::Status status, bool drop_queued)
       ABSL_LOCKS_EXCLUDED(mu_) {
-    mu_.Lock();
+    absl::MutexLock lock(&mu_);
     if (stream_ != nullptr && drop_queued) outbound_.clear();
-    if (stream_ == nullptr || finish_requested_) {
-      mu_.Unlock();
-      return;
-    }
+    if (stream_ == nullptr || finish_requested_) return;
     finish_requested_ = true;
     finish_status_ = std::move(status);
     Advance();
   }
 
   void OnWriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) {
-    mu_.Lock();
+    absl::MutexLock lock(&mu_);
     write_in_flight_ = false;
     in_flight_.Clear();
     if (!ok) {
@@ -93,82 +103,112 @@ class StreamChannel final : public AgentChannel {
     Advance();
   }
 
+  void OnFinishDone() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    finish_in_flight_ = false;
+  }
+
   // True once the stream is being finished: no more reads are needed.
   bool finishing() const ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     return finish_requested_;
   }
 
-  // Called from the reactor's OnDone: everything later is dropped.
+  // The stream is done: nothing more is started, and what is queued is
+  // dropped.
   void Detach() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     stream_ = nullptr;
     outbound_.clear();
   }
 
+  // Detached, and no write or Finish of it is still pending.
+  bool Idle() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return stream_ == nullptr && !write_in_flight_ && !finish_in_flight_;
+  }
+
  private:
   // Starts the next write, or the Finish once the queue is empty, unless a
-  // write is in flight. Called with mu_ held; releases it before calling
-  // into the stream.
-  void Advance() ABSL_UNLOCK_FUNCTION(mu_) {
-    SessionStream* const stream = stream_;
-    if (stream == nullptr || write_in_flight_ || finish_called_) {
-      mu_.Unlock();
-      return;
-    }
+  // write is in flight.
+  void Advance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stream_ == nullptr || write_in_flight_ || finish_called_) return;
     if (!outbound_.empty()) {
       write_in_flight_ = true;
       in_flight_ = WireBytes(outbound_.front());
       outbound_.pop_front();
-      const grpc::ByteBuffer* bytes = &in_flight_;
-      mu_.Unlock();
-      stream->StartWrite(bytes);
+      stream_->Write(in_flight_, written_);
       return;
     }
     if (finish_requested_) {
       finish_called_ = true;
-      grpc::Status status = finish_status_;
-      mu_.Unlock();
-      stream->Finish(std::move(status));
-      return;
+      finish_in_flight_ = true;
+      stream_->Finish(finish_status_, finished_);
     }
-    mu_.Unlock();
   }
 
+  // Constant after construction.
+  CompletionTag* const written_;
+  CompletionTag* const finished_;
+
   mutable absl::Mutex mu_;
-  // Null once the reactor is done.
+  // Null once detached.
   SessionStream* stream_ ABSL_GUARDED_BY(mu_);
   std::deque<OutboundMessage> outbound_ ABSL_GUARDED_BY(mu_);
-  // The message being written; untouched until its OnWriteDone.
+  // The message being written; untouched until its write completes.
   grpc::ByteBuffer in_flight_ ABSL_GUARDED_BY(mu_);
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
   bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_in_flight_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
 
-// One AgentSession stream. Reactions only translate and Post to the loop;
-// they never block. Deletes itself in OnDone.
-class AgentSessionService::Reactor final : public SessionStream {
+// One AgentSession stream, from the request for it to its end. Handlers only
+// translate and Post to the loop; they never block. Every completion of one
+// stream arrives on its queue's one thread, so the handlers never overlap;
+// writes and the Finish are started from other threads too, through the
+// channel. Deletes itself once the call is done and no operation of it is
+// pending.
+class AgentSessionService::Call {
  public:
-  Reactor(AgentSessionService* service, SessionId id, PeerIdentity identity)
-      : service_(service),
-        id_(id),
-        channel_(std::make_shared<StreamChannel>(this)) {
-    std::shared_ptr<AgentChannel> channel = channel_;
-    service_->loop_->Post([coordinator = service_->coordinator_, id = id_,
-                           channel, identity = std::move(identity)]() mutable {
-      coordinator->OnSessionOpened(id, channel, std::move(identity));
-    });
-    StartRead(&inbound_);
+  // Awaits the next stream on `queue`.
+  Call(AgentSessionService* service, grpc::ServerCompletionQueue* queue)
+      : service_(service), queue_(queue) {
+    context_.AsyncNotifyWhenDone(&done_tag_);
+    service_->RequestAgentSession(&context_, &stream_, queue_, queue_,
+                                  &arrived_tag_);
   }
 
-  void OnReadDone(bool ok) override {
+ private:
+  void OnArrived(bool ok) {
+    if (!ok) {
+      // The server is shutting down: no stream came, and none will.
+      delete this;
+      return;
+    }
+    service_->AwaitNextCall(queue_);
+    id_ = SessionId(
+        service_->next_session_id_.fetch_add(1, std::memory_order_relaxed));
+    channel_ = std::make_shared<StreamChannel>(&stream_, &written_tag_,
+                                               &finished_tag_);
+    std::shared_ptr<AgentChannel> channel = channel_;
+    service_->loop_->Post([coordinator = service_->coordinator_, id = id_,
+                           channel,
+                           identity = PeerIdentityOf(context_)]() mutable {
+      coordinator->OnSessionOpened(id, channel, std::move(identity));
+    });
+    StartRead();
+  }
+
+  void OnRead(bool ok) {
+    read_pending_ = false;
     if (!ok) {
       PostClosed("the agent closed its stream");
       channel_->RequestFinish(grpc::Status::OK, /*drop_queued=*/false);
+      MaybeEnd();
       return;
     }
     v1::AgentMessage message;
@@ -185,33 +225,50 @@ class AgentSessionService::Reactor final : public SessionStream {
                            "): the agent and coordinator speak different "
                            "protocols; check their versions"),
           /*drop_queued=*/false);
+      MaybeEnd();
       return;
     }
     service_->loop_->Post([coordinator = service_->coordinator_, id = id_,
                            message = std::move(message)]() {
       coordinator->OnAgentMessage(id, message);
     });
-    if (!channel_->finishing()) StartRead(&inbound_);
+    if (!channel_->finishing()) StartRead();
+    MaybeEnd();
   }
 
-  void OnWriteDone(bool ok) override { channel_->OnWriteDone(ok); }
-
-  void OnCancel() override {
-    PostClosed(
-        "the stream was cancelled (the agent went away, or the coordinator "
-        "is shutting down)");
-    channel_->RequestFinish(
-        grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled"),
-        /*drop_queued=*/true);
+  void OnWritten(bool ok) {
+    channel_->OnWriteDone(ok);
+    MaybeEnd();
   }
 
-  void OnDone() override {
+  void OnFinished(bool /*ok*/) {
+    channel_->OnFinishDone();
+    MaybeEnd();
+  }
+
+  // The call is over: its status went out, or it was cancelled (the agent
+  // went away, or the server's shutdown deadline passed).
+  void OnDone(bool /*ok*/) {
+    done_ = true;
+    if (context_.IsCancelled()) {
+      PostClosed(
+          "the stream was cancelled (the agent went away, or the coordinator "
+          "is shutting down)");
+    }
     channel_->Detach();
     PostClosed("the stream ended");
-    delete this;
+    MaybeEnd();
   }
 
- private:
+  void StartRead() {
+    read_pending_ = true;
+    stream_.Read(&inbound_, &read_tag_);
+  }
+
+  void MaybeEnd() {
+    if (done_ && !read_pending_ && channel_->Idle()) delete this;
+  }
+
   void PostClosed(std::string why) {
     service_->loop_->Post(
         [coordinator = service_->coordinator_, id = id_,
@@ -220,21 +277,64 @@ class AgentSessionService::Reactor final : public SessionStream {
 
   // Constant after construction.
   AgentSessionService* const service_;
-  const SessionId id_;
-  const std::shared_ptr<StreamChannel> channel_;
+  grpc::ServerCompletionQueue* const queue_;
 
-  // Only touched by StartRead and OnReadDone, which never overlap.
+  grpc::ServerContext context_;
+  SessionStream stream_{&context_};
+  HandlerTag<Call> arrived_tag_{this, &Call::OnArrived};
+  HandlerTag<Call> read_tag_{this, &Call::OnRead};
+  HandlerTag<Call> written_tag_{this, &Call::OnWritten};
+  HandlerTag<Call> finished_tag_{this, &Call::OnFinished};
+  HandlerTag<Call> done_tag_{this, &Call::OnDone};
+
+  // Set when the stream arrives; then constant.
+  SessionId id_{0};
+  std::shared_ptr<StreamChannel> channel_;
+
+  // Only touched by the handlers (on the queue's thread).
   grpc::ByteBuffer inbound_;
+  bool read_pending_ = false;
+  bool done_ = false;
 };
 
 AgentSessionService::AgentSessionService(ControlLoop* loop,
-                                         Coordinator* coordinator)
-    : loop_(loop), coordinator_(coordinator) {}
+                                         Coordinator* coordinator,
+                                         size_t queues)
+    : loop_(loop), coordinator_(coordinator), queue_count_(queues) {
+  CHECK_GT(queues, 0u) << "the agent sessions need a completion queue";
+}
 
-grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
-AgentSessionService::AgentSession(grpc::CallbackServerContext* context) {
-  const SessionId id(next_session_id_.fetch_add(1, std::memory_order_relaxed));
-  return new Reactor(this, id, PeerIdentityOf(*context));
+AgentSessionService::~AgentSessionService() { Shutdown(); }
+
+void AgentSessionService::AddQueues(grpc::ServerBuilder& builder) {
+  CHECK(queues_ == nullptr) << "AgentSessionService::AddQueues called twice";
+  queues_ = CompletionQueuePool::ForServer(builder, queue_count_);
+}
+
+void AgentSessionService::Start() {
+  CHECK(queues_ != nullptr) << "AgentSessionService::Start before AddQueues";
+  {
+    absl::MutexLock lock(&mu_);
+    accepting_ = true;
+  }
+  for (size_t i = 0; i < queues_->size(); ++i) {
+    AwaitNextCall(queues_->server_queue(i));
+  }
+  queues_->Start("baton-sessions");
+}
+
+void AgentSessionService::AwaitNextCall(grpc::ServerCompletionQueue* queue) {
+  absl::MutexLock lock(&mu_);
+  // A request on a queue that is shut down would abort the process.
+  if (accepting_) new Call(this, queue);
+}
+
+void AgentSessionService::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    accepting_ = false;
+  }
+  if (queues_ != nullptr) queues_->Shutdown();
 }
 
 }  // namespace baton::coordinator

@@ -17,7 +17,7 @@ CoordinatorServer::CoordinatorServer(const CoordinatorOptions& options,
     : clock_(clock),
       tick_interval_(options.tick_interval),
       coordinator_(options, clock),
-      agent_sessions_(&loop_, &coordinator_),
+      agent_sessions_(&loop_, &coordinator_, options.session_queues),
       rendezvous_(&loop_, &coordinator_),
       status_(&loop_, &coordinator_) {}
 
@@ -55,6 +55,7 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& listen_address,
   builder.RegisterService(&rendezvous_);
   builder.RegisterService(&status_);
   builder.RegisterService(admin_.get());
+  agent_sessions_.AddQueues(builder);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     server_.reset();
@@ -63,6 +64,7 @@ absl::StatusOr<int> CoordinatorServer::Start(const std::string& listen_address,
         ": the address is not a local address of this host, or the port is "
         "in use; choose another --listen"));
   }
+  agent_sessions_.Start();
   loop_thread_ = std::thread([this] {
     loop_.Run(clock_, tick_interval_, [this] { coordinator_.Tick(); });
   });
@@ -96,6 +98,8 @@ void CoordinatorServer::Shutdown(absl::Duration grace,
   // running meanwhile: the calls finish through it.
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
+  // Every stream has ended; their last completions post to the loop.
+  agent_sessions_.Shutdown();
   metrics_.reset();
   loop_.Stop();
   loop_thread_.join();
