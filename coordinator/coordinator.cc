@@ -449,6 +449,10 @@ void Coordinator::GetTimeline(const v1::GetTimelineRequest& request,
   jobs_.Broadcast(request.job(), message);
 }
 
+void Coordinator::MessageHandled(absl::Time arrived) {
+  message_seconds_.Observe(clock_->Now() - arrived);
+}
+
 int Coordinator::ConnectedAgents() const {
   int agents = 0;
   for (SessionId id : sessions_.All()) {

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/ids.h"
 #include "coordinator/agent_channel.h"
+#include "coordinator/bucket_histogram.h"
 #include "coordinator/coordinator_options.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/member_page.h"
@@ -49,6 +50,10 @@ class Coordinator : private JobListener {
   void OnAgentMessage(SessionId id, const v1::AgentMessage& message);
   // Idempotent; `why` says how the stream ended.
   void OnSessionClosed(SessionId id, const std::string& why);
+  // A message of an agent that was read off its stream at `arrived` (by
+  // the coordinator's clock) has been handled: how long that took, queueing
+  // for the control loop included, goes to MessageSeconds.
+  void MessageHandled(absl::Time arrived);
 
   // Rendezvous store. Callbacks run on the loop thread. `caller`: what the
   // transport verified about who asks; with TLS only the members of the
@@ -82,6 +87,8 @@ class Coordinator : private JobListener {
   // hello), and how long `job`'s sealed re-forms took.
   int ConnectedAgents() const;
   ReformHistogram ReformSeconds(const std::string& job) const;
+  // Every MessageHandled since the coordinator started.
+  const MessageHistogram& MessageSeconds() const { return message_seconds_; }
   // The job's tensor plan with each tensor's latency over the members' last
   // report interval. NOT_FOUND for an unknown job.
   absl::StatusOr<v1::TensorsStatus> GetTensors(const std::string& job) const;
@@ -148,6 +155,7 @@ class Coordinator : private JobListener {
   JobManager jobs_;
   TimelineCollector timelines_;
 
+  MessageHistogram message_seconds_;
   bool shutting_down_ = false;
   // When Tick last ran, to notice the coordinator itself stalling.
   absl::Time last_tick_ = absl::InfinitePast();

@@ -40,15 +40,16 @@ void AddSample(MetricFamily& family, std::vector<ClientMetric::Label> labels,
   family.metric.push_back(std::move(metric));
 }
 
+template <class Histogram>
 void AddHistogram(MetricFamily& family, std::vector<ClientMetric::Label> labels,
-                  const ReformHistogram& histogram) {
+                  const Histogram& histogram) {
   ClientMetric metric;
   metric.label = std::move(labels);
   metric.histogram.sample_count = histogram.count;
   metric.histogram.sample_sum = histogram.sum_seconds;
-  for (size_t i = 0; i < ReformHistogram::kBounds.size(); ++i) {
+  for (size_t i = 0; i < Histogram::kBounds.size(); ++i) {
     metric.histogram.bucket.push_back(
-        {histogram.cumulative[i], ReformHistogram::kBounds[i]});
+        {histogram.cumulative[i], Histogram::kBounds[i]});
   }
   metric.histogram.bucket.push_back(
       {histogram.count, std::numeric_limits<double>::infinity()});
@@ -72,6 +73,7 @@ CoordinatorMetrics::Snapshot CoordinatorMetrics::Take(
     const Coordinator& coordinator) {
   Snapshot snapshot;
   snapshot.connected_agents = coordinator.ConnectedAgents();
+  snapshot.message_seconds = coordinator.MessageSeconds();
   snapshot.jobs = coordinator.ListJobs();
   for (const v1::JobStatus& job : snapshot.jobs.jobs()) {
     snapshot.reform_seconds[job.job()] = coordinator.ReformSeconds(job.job());
@@ -104,6 +106,14 @@ std::vector<MetricFamily> CoordinatorMetrics::Families(
       "baton_connected_agents",
       "Agents with an open session to the coordinator.", MetricType::Gauge);
   AddSample(agents, {}, snapshot.connected_agents);
+
+  MetricFamily message_seconds = NewFamily(
+      "baton_agent_message_seconds",
+      "How long the agents' messages took from being read off their streams "
+      "until the control loop had handled them, waiting for the loop "
+      "included.",
+      MetricType::Histogram);
+  AddHistogram(message_seconds, {}, snapshot.message_seconds);
 
   MetricFamily jobs =
       NewFamily("baton_jobs",
@@ -185,8 +195,8 @@ std::vector<MetricFamily> CoordinatorMetrics::Families(
 
   std::vector<MetricFamily> families;
   for (MetricFamily* family :
-       {&agents, &jobs, &generation, &world_size, &nodes, &global_step,
-        &stalled, &lost, &joined, &reform_seconds, &lag}) {
+       {&agents, &message_seconds, &jobs, &generation, &world_size, &nodes,
+        &global_step, &stalled, &lost, &joined, &reform_seconds, &lag}) {
     // A family without samples (no jobs yet) is left out rather than
     // announced empty.
     if (!family->metric.empty()) families.push_back(std::move(*family));

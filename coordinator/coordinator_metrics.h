@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "baton/v1/status.pb.h"
+#include "coordinator/bucket_histogram.h"
 #include "coordinator/control_loop.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/reform_log.h"
@@ -30,6 +31,7 @@ class CoordinatorMetrics : public prometheus::Collectable {
     v1::ListJobsResponse jobs;
     // By job name.
     absl::flat_hash_map<std::string, ReformHistogram> reform_seconds;
+    MessageHistogram message_seconds;
   };
 
   // `loop` and `coordinator` must outlive every scrape: destroy the

@@ -18,15 +18,6 @@ const char* ReformCauseName(ReformCause cause) {
   return "unknown";
 }
 
-void ReformHistogram::Observe(absl::Duration took) {
-  const double seconds = absl::ToDoubleSeconds(took);
-  for (size_t i = 0; i < kBounds.size(); ++i) {
-    if (seconds <= kBounds[i]) ++cumulative[i];
-  }
-  ++count;
-  sum_seconds += seconds;
-}
-
 void ReformLog::Start(absl::Time now, int64_t aborted, int64_t new_generation,
                       ReformCause cause, const std::string& node_name,
                       const std::string& reason, int32_t nodes_before) {

@@ -10,6 +10,7 @@
 
 #include "absl/time/time.h"
 #include "baton/v1/status.pb.h"
+#include "coordinator/bucket_histogram.h"
 
 namespace baton::coordinator {
 
@@ -27,24 +28,8 @@ enum class ReformCause {
 // "lost", "left", "joined": Reform.cause.
 const char* ReformCauseName(ReformCause cause);
 
-// How long the re-forms that ended sealed took, in fixed buckets: the
-// values of a Prometheus histogram, kept without Prometheus (the coordinator
-// core does not link it) and cumulative since the job was created.
-struct ReformHistogram {
-  // Upper bounds in seconds, ascending; +Inf follows implicitly. Re-forms
-  // the coordinator seals at once take 0 s; one that waits for a replacement
-  // takes up to --reform_timeout_ms (60 s by default).
-  static constexpr std::array<double, 12> kBounds = {
-      0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
-
-  // cumulative[i]: re-forms that took at most kBounds[i] seconds.
-  std::array<uint64_t, kBounds.size()> cumulative = {};
-  // Every re-form, also those above the last bound.
-  uint64_t count = 0;
-  double sum_seconds = 0;
-
-  void Observe(absl::Duration took);
-};
+// How long the re-forms that ended sealed took: ReformHistogram
+// (bucket_histogram.h).
 
 // A job's re-form records: the last kKept, the last of them open while the
 // job re-forms. JobManager starts a record when it aborts a running

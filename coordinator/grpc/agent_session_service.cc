@@ -229,8 +229,10 @@ class AgentSessionService::Call {
       return;
     }
     service_->loop_->Post([coordinator = service_->coordinator_, id = id_,
-                           message = std::move(message)]() {
+                           message = std::move(message),
+                           arrived = service_->clock_->Now()]() {
       coordinator->OnAgentMessage(id, message);
+      coordinator->MessageHandled(arrived);
     });
     if (!channel_->finishing()) StartRead();
     MaybeEnd();
@@ -298,9 +300,12 @@ class AgentSessionService::Call {
 };
 
 AgentSessionService::AgentSessionService(ControlLoop* loop,
-                                         Coordinator* coordinator,
+                                         Coordinator* coordinator, Clock* clock,
                                          size_t queues)
-    : loop_(loop), coordinator_(coordinator), queue_count_(queues) {
+    : loop_(loop),
+      coordinator_(coordinator),
+      clock_(clock),
+      queue_count_(queues) {
   CHECK_GT(queues, 0u) << "the agent sessions need a completion queue";
 }
 

@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "baton/v1/coordinator.grpc.pb.h"
+#include "common/clock.h"
 #include "common/completion_queue_pool.h"
 #include "coordinator/control_loop.h"
 #include "coordinator/coordinator.h"
@@ -41,7 +42,9 @@ class AgentSessionService final
     : public v1::Coordinator::WithRawMethod_AgentSession<
           v1::Coordinator::Service> {
  public:
-  AgentSessionService(ControlLoop* loop, Coordinator* coordinator,
+  // `clock` stamps each message's arrival (Coordinator::MessageHandled);
+  // it must outlive Shutdown.
+  AgentSessionService(ControlLoop* loop, Coordinator* coordinator, Clock* clock,
                       size_t queues);
   // Shuts down the queues if Shutdown was not called.
   ~AgentSessionService() override;
@@ -65,6 +68,7 @@ class AgentSessionService final
   // Constant after construction.
   ControlLoop* const loop_;
   Coordinator* const coordinator_;
+  Clock* const clock_;
   const size_t queue_count_;
 
   // Set by AddQueues, before the server starts.

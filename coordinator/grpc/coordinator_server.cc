@@ -17,7 +17,7 @@ CoordinatorServer::CoordinatorServer(const CoordinatorOptions& options,
     : clock_(clock),
       tick_interval_(options.tick_interval),
       coordinator_(options, clock),
-      agent_sessions_(&loop_, &coordinator_, options.session_queues),
+      agent_sessions_(&loop_, &coordinator_, clock, options.session_queues),
       rendezvous_(&loop_, &coordinator_),
       status_(&loop_, &coordinator_) {}
 

@@ -147,6 +147,28 @@ TEST_F(CoordinatorMetricsTest, ReformDurationAndJoinsAreCounted) {
   }
 }
 
+// Two messages handled: one as it arrived, one 30 ms after (it waited for
+// the loop); each lands in the bucket of its wait.
+TEST_F(CoordinatorMetricsTest, MessageHandlingTimesAreCounted) {
+  const absl::Time arrived = clock_.Now();
+  coordinator_->MessageHandled(arrived);
+  clock_.Advance(absl::Milliseconds(30));
+  coordinator_->MessageHandled(arrived);
+  const std::string text = Scrape();
+  EXPECT_EQ(SampleMismatches(
+                text,
+                {
+                    {"baton_agent_message_seconds_count", 2},
+                    {"baton_agent_message_seconds_sum", 0.03},
+                    {"baton_agent_message_seconds_bucket{le=\"0.0001\"}", 1},
+                    {"baton_agent_message_seconds_bucket{le=\"0.025\"}", 1},
+                    {"baton_agent_message_seconds_bucket{le=\"0.05\"}", 2},
+                    {"baton_agent_message_seconds_bucket{le=\"+Inf\"}", 2},
+                }),
+            "")
+      << text;
+}
+
 TEST_F(CoordinatorMetricsTest, ScrapeIsAnsweredOnTheControlLoop) {
   ControlLoop loop;
   const CoordinatorMetrics metrics(&loop, coordinator_.get());
