@@ -121,7 +121,7 @@ class Coordinator : private JobListener {
 
   // `job`'s status with the members `page` selects.
   absl::StatusOr<v1::JobStatus> JobStatusPage(const std::string& job,
-                                              MemberPage page) const;
+                                              const MemberPage& page) const;
   // OK when `scope` names the sealed current generation of a running job
   // and `caller` (when verified) names one of its members.
   absl::Status CheckStoreCaller(const v1::StoreScope& scope,
