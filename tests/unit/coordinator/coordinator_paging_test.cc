@@ -132,6 +132,47 @@ TEST_F(CoordinatorPagingTest,
             (std::vector<std::string>{"n4", "n5", "n6", "n7", "n8", "n9"}));
 }
 
+// A re-forming job holds both kinds: the survivors keep their node ranks and
+// come first, the newcomers follow by name, and a page may start or end on
+// either side of the border.
+TEST_F(CoordinatorPagingTest, PagesCrossFromSealedToUnsealedMembers) {
+  std::vector<Agent> agents;
+  for (int k = 0; k < 6; ++k) {
+    agents.push_back(Connect(absl::StrCat("n", k)));
+    Join(agents.back(), "job", 1, 6, /*min_nodes=*/6);
+  }
+  ASSERT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+  for (int k = 1; k <= 4; ++k) {
+    coordinator_->OnSessionClosed(agents[k].id, "crashed");
+  }
+  for (const char* node : {"z9", "a9", "m9"}) {
+    agents.push_back(Connect(node));
+    Join(agents.back(), "job", 1, 6, /*min_nodes=*/6);
+  }
+  const v1::JobStatus whole = Status("job");
+  ASSERT_EQ(whole.state(), v1::JOB_STATE_REFORMING);
+  const std::vector<std::string> order = {"n0", "n5", "a9", "m9", "z9"};
+  EXPECT_EQ(Names({whole}), order);
+  EXPECT_EQ(whole.members(1).node_rank(), 5);
+  EXPECT_EQ(whole.members(2).node_rank(), -1);
+  for (int32_t size = 1; size <= 6; ++size) {
+    const std::vector<v1::JobStatus> pages = AllPages("job", size);
+    EXPECT_EQ(Names(pages), order) << "page size " << size;
+    EXPECT_THAT(pages, SizeIs((5 + size - 1) / size)) << "page size " << size;
+    for (const v1::JobStatus& page : pages) {
+      EXPECT_EQ(page.total_members(), 5);
+    }
+  }
+  // A newcomer that leaves between pages shifts nothing.
+  absl::StatusOr<v1::JobStatus> first = Page("job", 3);
+  ASSERT_TRUE(first.ok()) << first.status();
+  coordinator_->OnSessionClosed(agents[7].id, "gone");  // a9, the page's last
+  absl::StatusOr<v1::JobStatus> next = Page("job", 3, first->next_page_token());
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(Names({*next}), (std::vector<std::string>{"m9", "z9"}));
+  EXPECT_EQ(next->total_members(), 4);
+}
+
 TEST_F(CoordinatorPagingTest, PageSizeDefaultsAndIsCappedAtTheMaximum) {
   FormingJob("big", MemberPage::kMaxSize + 1);
   absl::StatusOr<v1::JobStatus> page = Page("big", 0);
