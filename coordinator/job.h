@@ -88,6 +88,9 @@ struct JobManager::Job {
   // finds its unsealed members (MemberPage's order). AddMember, RemoveMember
   // and Seal keep it.
   absl::btree_set<std::string> unsealed_names;
+  // The members' trainers, summed: the world size status shows while the
+  // job is not running. AddMember and RemoveMember keep it.
+  int32_t members_local_size = 0;
   // The last sealed membership, and its node names for the per-message
   // member check (5,000 nodes report every second).
   v1::Membership membership;
@@ -95,11 +98,13 @@ struct JobManager::Job {
 
   void AddMember(Member member) {
     if (member.node_rank < 0) unsealed_names.insert(member.node_name);
+    members_local_size += member.local_size;
     member_index[member.node_name] = members.size();
     members.push_back(std::move(member));
   }
   void RemoveMember(std::vector<Member>::iterator member) {
     unsealed_names.erase(member->node_name);
+    members_local_size -= member->local_size;
     members.erase(member);
     Reindex();
   }

@@ -28,13 +28,9 @@ absl::StatusOr<bool> JobManager::FillStatus(const std::string& job_name,
   status->set_min_nodes(job->min_nodes);
   status->set_created_unix_ms(absl::ToUnixMillis(job->created));
   status->set_total_members(static_cast<int32_t>(job->members.size()));
-  if (job->state == v1::JOB_STATE_RUNNING) {
-    status->set_world_size(job->membership.world_size());
-  } else {
-    int32_t world_size = 0;
-    for (const Member& member : job->members) world_size += member.local_size;
-    status->set_world_size(world_size);
-  }
+  status->set_world_size(job->state == v1::JOB_STATE_RUNNING
+                             ? job->membership.world_size()
+                             : job->members_local_size);
   for (const v1::JobEvent& event : job->events) *status->add_events() = event;
   job->reforms.Fill(clock_->Now(), static_cast<int32_t>(job->members.size()),
                     status);
