@@ -309,9 +309,18 @@ void Coordinator::StoreAdd(const v1::StoreAddRequest& request,
 }
 
 v1::ListJobsResponse Coordinator::ListJobs() const {
+  return JobsPage(MemberPage::All());
+}
+
+v1::ListJobsResponse Coordinator::ListJobs(
+    const v1::ListJobsRequest& /*request*/) const {
+  return JobsPage(MemberPage::First());
+}
+
+v1::ListJobsResponse Coordinator::JobsPage(const MemberPage& page) const {
   v1::ListJobsResponse response;
   for (const std::string& name : jobs_.JobNames()) {
-    absl::StatusOr<v1::JobStatus> status = GetJob(name);
+    absl::StatusOr<v1::JobStatus> status = JobStatusPage(name, page);
     if (status.ok()) *response.add_jobs() = *std::move(status);
   }
   return response;

@@ -49,6 +49,10 @@ MemberPage MemberPage::All() {
   return MemberPage(std::numeric_limits<int32_t>::max(), /*unbounded=*/true);
 }
 
+MemberPage MemberPage::First() {
+  return MemberPage(kDefaultSize, /*unbounded=*/false);
+}
+
 absl::StatusOr<MemberPage> MemberPage::FromRequest(
     const v1::GetJobRequest& request) {
   if (request.page_size() < 0) {

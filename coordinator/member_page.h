@@ -36,8 +36,10 @@ class MemberPage {
   // what a client receives.
   static constexpr size_t kMaxBytes = size_t{2} << 20;
 
-  // Every member on one page (the coordinator's own callers, ListJobs).
+  // Every member on one page (the coordinator's own callers).
   static MemberPage All();
+  // The first page of the default size (Status.ListJobs, for every job).
+  static MemberPage First();
   // The page `request` asks for: INVALID_ARGUMENT for a negative page_size
   // or a token that does not decode. Whether the token fits the job is
   // checked by Check.

@@ -1,6 +1,7 @@
 // Status.GetJob's paging of a job's members (AIP-158): every member exactly
 // once across the pages, in node-rank order; the default and maximum page
-// sizes; refused page tokens; a membership that changes between pages.
+// sizes; refused page tokens; a membership that changes between pages;
+// ListJobs's first pages.
 #include <string>
 #include <vector>
 
@@ -193,6 +194,40 @@ TEST_F(CoordinatorPagingTest, PageSizeDefaultsAndIsCappedAtTheMaximum) {
   EXPECT_EQ(page.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(page.status().message(), AllOf(HasSubstr("page_size is -1"),
                                              HasSubstr("0 for the default")));
+}
+
+// Status.ListJobs gives each job its first page; GetJob goes on from its
+// token. The coordinator's own ListJobs() (metrics) still has every member.
+TEST_F(CoordinatorPagingTest, ListJobsGivesEachJobItsFirstPage) {
+  FormingJob("big", MemberPage::kDefaultSize + 3);
+  for (const char* node : {"s0", "s1"}) {
+    Agent agent = Connect(node);
+    Join(agent, "small", 1, 2);
+  }
+  const v1::ListJobsResponse listed =
+      coordinator_->ListJobs(v1::ListJobsRequest());
+  ASSERT_THAT(listed.jobs(), SizeIs(2));
+  const v1::JobStatus& big = listed.jobs(0);
+  EXPECT_EQ(big.job(), "big");
+  EXPECT_THAT(big.members(), SizeIs(MemberPage::kDefaultSize));
+  EXPECT_EQ(big.total_members(), MemberPage::kDefaultSize + 3);
+  EXPECT_EQ(big.world_size(), MemberPage::kDefaultSize + 3);
+  const v1::JobStatus& small = listed.jobs(1);
+  EXPECT_EQ(small.job(), "small");
+  EXPECT_THAT(small.members(), SizeIs(2));
+  EXPECT_THAT(small.next_page_token(), IsEmpty());
+
+  absl::StatusOr<v1::JobStatus> rest = Page("big", 0, big.next_page_token());
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_THAT(rest->members(), SizeIs(3));
+  EXPECT_THAT(rest->next_page_token(), IsEmpty());
+  std::vector<std::string> names = Names({big, *rest});
+  EXPECT_EQ(names, Names({Status("big")}));
+
+  const v1::ListJobsResponse whole = coordinator_->ListJobs();
+  ASSERT_THAT(whole.jobs(), SizeIs(2));
+  EXPECT_THAT(whole.jobs(0).members(), SizeIs(MemberPage::kDefaultSize + 3));
+  EXPECT_THAT(whole.jobs(0).next_page_token(), IsEmpty());
 }
 
 TEST_F(CoordinatorPagingTest, APageEndsEarlyWhenItsMembersAreLarge) {
