@@ -7,8 +7,10 @@
 // BM_Page: one page of the default size (1000 members), the job's last (by
 // its page token), of a running job or of a forming one (members not yet
 // sealed, ordered by name). BM_AllPages: every page of the job, one after
-// the other, as batonctl fetches it. The job is built once per size and
-// state; only the GetJob calls are timed.
+// the other, as batonctl fetches it. BM_ListJobs: Status.ListJobs as the
+// RPC answers it (the job's first page) against every member (what it
+// answered before, and what the metrics still read). The job is built once per
+// size and state; only the GetJob calls are timed.
 
 #include <benchmark/benchmark.h>
 
@@ -119,6 +121,13 @@ class Job {
 
   int64_t total() const { return Page("")->total_members(); }
 
+  // Status.ListJobs as the RPC answers it (each job's first page), or with
+  // every member (the coordinator's own callers, and the RPC before).
+  v1::ListJobsResponse List(bool every_member) const {
+    return every_member ? coordinator_.ListJobs()
+                        : coordinator_.ListJobs(v1::ListJobsRequest());
+  }
+
  private:
   FakeClock clock_;
   CountingSecretSource secrets_;
@@ -168,6 +177,22 @@ void BM_AllPages(benchmark::State& state) {
   state.counters["members"] = static_cast<double>(state.range(0));
 }
 
+void BM_ListJobs(benchmark::State& state) {
+  const Job& job = CachedJob(static_cast<int>(state.range(0)),
+                             /*running=*/true);
+  const bool every_member = state.range(1) != 0;
+  const int64_t expected = every_member ? state.range(0) : kPageSize;
+  for (auto _ : state) {
+    v1::ListJobsResponse jobs = job.List(every_member);
+    if (jobs.jobs_size() != 1 || jobs.jobs(0).members_size() != expected) {
+      state.SkipWithError("ListJobs did not hold the members expected");
+      break;
+    }
+    benchmark::DoNotOptimize(jobs);
+  }
+  state.counters["members"] = static_cast<double>(state.range(0));
+}
+
 // {members, running (1) or forming (0)}.
 BENCHMARK(BM_Page)
     ->ArgNames({"members", "running"})
@@ -175,6 +200,11 @@ BENCHMARK(BM_Page)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AllPages)
     ->ArgNames({"members", "running"})
+    ->ArgsProduct({{1000, 10000}, {1, 0}})
+    ->Unit(benchmark::kMicrosecond);
+// {members, every member (1) or each job's first page (0)}: a running job.
+BENCHMARK(BM_ListJobs)
+    ->ArgNames({"members", "every_member"})
     ->ArgsProduct({{1000, 10000}, {1, 0}})
     ->Unit(benchmark::kMicrosecond);
 
