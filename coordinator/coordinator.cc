@@ -309,9 +309,18 @@ void Coordinator::StoreAdd(const v1::StoreAddRequest& request,
 }
 
 v1::ListJobsResponse Coordinator::ListJobs() const {
+  return JobsPage(MemberPage::All());
+}
+
+v1::ListJobsResponse Coordinator::ListJobs(
+    const v1::ListJobsRequest& /*request*/) const {
+  return JobsPage(MemberPage::First());
+}
+
+v1::ListJobsResponse Coordinator::JobsPage(const MemberPage& page) const {
   v1::ListJobsResponse response;
   for (const std::string& name : jobs_.JobNames()) {
-    absl::StatusOr<v1::JobStatus> status = GetJob(name);
+    absl::StatusOr<v1::JobStatus> status = JobStatusPage(name, page);
     if (status.ok()) *response.add_jobs() = *std::move(status);
   }
   return response;
@@ -343,19 +352,15 @@ absl::StatusOr<v1::JobStatus> Coordinator::GetJob(
     const v1::GetJobRequest& request) const {
   absl::StatusOr<MemberPage> page = MemberPage::FromRequest(request);
   if (!page.ok()) return page.status();
-  return JobStatusPage(request.job(), *std::move(page));
+  return JobStatusPage(request.job(), *page);
 }
 
 absl::StatusOr<v1::JobStatus> Coordinator::JobStatusPage(
-    const std::string& job, MemberPage page) const {
+    const std::string& job, const MemberPage& page) const {
   v1::JobStatus status;
-  absl::Status found = jobs_.FillStatus(job, &status);
-  if (!found.ok()) return found;
-  // The per-member step and scheduling fields are filled for the page's
-  // members only.
-  if (absl::Status selected = page.Select(&status); !selected.ok()) {
-    return selected;
-  }
+  // Only the page's members are filled, by every manager: O(page size).
+  absl::StatusOr<bool> more = jobs_.FillStatus(job, page, &status);
+  if (!more.ok()) return more.status();
   steps_.FillStatus(
       job, clock_->Now(),
       [&](uint32_t id) { return plans_.TensorName(job, id); }, &status);
@@ -363,7 +368,7 @@ absl::StatusOr<v1::JobStatus> Coordinator::JobStatusPage(
   for (v1::TensorMismatchStatus& mismatch : plans_.Mismatches(job)) {
     *status.add_mismatches() = std::move(mismatch);
   }
-  page.Finish(&status);
+  page.Finish(*more, &status);
   return status;
 }
 
@@ -428,9 +433,10 @@ void Coordinator::GetTimeline(const v1::GetTimelineRequest& request,
     return;
   }
   v1::JobStatus status;
-  if (absl::Status found = jobs_.FillStatus(request.job(), &status);
+  if (absl::StatusOr<bool> found =
+          jobs_.FillStatus(request.job(), MemberPage::All(), &status);
       !found.ok()) {
-    done(found);
+    done(found.status());
     return;
   }
   std::vector<TimelineCollector::Node> nodes;

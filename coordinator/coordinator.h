@@ -65,10 +65,13 @@ class Coordinator : private JobListener {
   void StoreAdd(const v1::StoreAddRequest& request, const PeerIdentity& caller,
                 std::function<void(absl::StatusOr<int64_t>)> done);
 
-  // Status API. ListJobs and GetJob(job) give every member of a job;
-  // GetJob(request) the page of members it asks for (MemberPage, in
-  // member_page.h), with the job's other fields whole.
+  // Status API. ListJobs() and GetJob(job) give every member of a job (the
+  // coordinator's own callers: metrics, tests); ListJobs(request) each job
+  // with the first page of its members, and GetJob(request) the page of
+  // members it asks for (MemberPage, in member_page.h), with the job's
+  // other fields whole.
   v1::ListJobsResponse ListJobs() const;
+  v1::ListJobsResponse ListJobs(const v1::ListJobsRequest& request) const;
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job) const;
   absl::StatusOr<v1::JobStatus> GetJob(const v1::GetJobRequest& request) const;
 
@@ -126,9 +129,11 @@ class Coordinator : private JobListener {
                       const v1::RejoinJob& rejoin, const std::string& node_name,
                       bool created) override;
 
+  // Every job, each with the members `page` selects (from its start).
+  v1::ListJobsResponse JobsPage(const MemberPage& page) const;
   // `job`'s status with the members `page` selects.
   absl::StatusOr<v1::JobStatus> JobStatusPage(const std::string& job,
-                                              MemberPage page) const;
+                                              const MemberPage& page) const;
   // OK when `scope` names the sealed current generation of a running job
   // and `caller` (when verified) names one of its members.
   absl::Status CheckStoreCaller(const v1::StoreScope& scope,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -77,18 +78,35 @@ struct JobManager::Job {
   bool recovered = false;
   absl::Time ended;
   absl::Time reform_deadline;
-  // Sealed members in node-rank order, then newcomers in join order.
+  // Sealed members (node_rank >= 0) in node-rank order, then newcomers in
+  // join order. Status pages rely on the sealed ones coming first by rank
+  // (JobManager::FillMembers).
   std::vector<Member> members;
   // Node name -> index in `members`; AddMember and Reindex keep it in step.
   absl::flat_hash_map<std::string, size_t> member_index;
+  // The newcomers' names (node_rank < 0) in name order, where a status page
+  // finds its unsealed members (MemberPage's order). AddMember, RemoveMember
+  // and Seal keep it.
+  absl::btree_set<std::string> unsealed_names;
+  // The members' trainers, summed: the world size status shows while the
+  // job is not running. AddMember and RemoveMember keep it.
+  int32_t members_local_size = 0;
   // The last sealed membership, and its node names for the per-message
   // member check (5,000 nodes report every second).
   v1::Membership membership;
   absl::flat_hash_set<std::string> sealed_nodes;
 
   void AddMember(Member member) {
+    if (member.node_rank < 0) unsealed_names.insert(member.node_name);
+    members_local_size += member.local_size;
     member_index[member.node_name] = members.size();
     members.push_back(std::move(member));
+  }
+  void RemoveMember(std::vector<Member>::iterator member) {
+    unsealed_names.erase(member->node_name);
+    members_local_size -= member->local_size;
+    members.erase(member);
+    Reindex();
   }
   // After members were erased or reordered.
   void Reindex() {

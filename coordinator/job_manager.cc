@@ -304,6 +304,7 @@ void JobManager::Seal(Job& job) {
     node->set_local_size(member.local_size);
     node->set_rank_offset(member.rank_offset);
   }
+  job.unsealed_names.clear();
   membership.set_world_size(offset);
   CompleteMembership(&membership);
   absl::flat_hash_map<std::string, int32_t>& ranks = last_node_ranks_[job.name];
@@ -334,8 +335,7 @@ void JobManager::LoseMember(Job& job, const std::string& node_name,
       session->jobs.erase(job.name);
     }
   }
-  job.members.erase(it);
-  job.Reindex();
+  job.RemoveMember(it);
   const std::string what = absl::StrCat("node ", node_name, " ", why);
 
   if (job.state == v1::JOB_STATE_FORMING) {
@@ -750,47 +750,6 @@ void JobManager::Tick() {
     }
   }
   JoinReleased();
-}
-
-absl::Status JobManager::FillStatus(const std::string& job_name,
-                                    v1::JobStatus* status) const {
-  const Job* job = FindJob(job_name);
-  if (job == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("job \"", job_name, "\" is unknown to the coordinator"));
-  }
-  status->set_job(job->name);
-  status->set_state(job->state);
-  status->set_state_reason(job->reason);
-  status->set_generation(job->generation);
-  status->set_expected_nodes(job->expected_nodes);
-  status->set_min_nodes(job->min_nodes);
-  status->set_created_unix_ms(absl::ToUnixMillis(job->created));
-  int32_t world_size = 0;
-  for (const Member& member : job->members) {
-    v1::MemberStatus* out = status->add_members();
-    out->set_node_name(member.node_name);
-    out->set_data_address(member.data_address);
-    out->set_node_rank(member.node_rank);
-    out->set_rank_offset(member.node_rank < 0 ? -1 : member.rank_offset);
-    out->set_local_size(member.local_size);
-    out->set_connected(member.connected);
-    if (member.connected) {
-      if (const Session* session = sessions_->Find(member.session)) {
-        out->set_last_seen_unix_ms(absl::ToUnixMillis(session->last_seen));
-      }
-    }
-    world_size += member.local_size;
-  }
-  status->set_world_size(job->state == v1::JOB_STATE_RUNNING
-                             ? job->membership.world_size()
-                             : world_size);
-  for (const v1::JobEvent& event : job->events) *status->add_events() = event;
-  job->reforms.Fill(clock_->Now(), static_cast<int32_t>(job->members.size()),
-                    status);
-  status->set_members_lost(job->members_lost);
-  status->set_members_joined(job->members_joined);
-  return absl::OkStatus();
 }
 
 std::vector<std::string> JobManager::JobNames() const {

@@ -9,6 +9,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "baton/v1/common.pb.h"
 #include "baton/v1/coordinator.pb.h"
@@ -16,6 +17,7 @@
 #include "common/clock.h"
 #include "common/ids.h"
 #include "coordinator/coordinator_options.h"
+#include "coordinator/member_page.h"
 #include "coordinator/reform_log.h"
 #include "coordinator/secret_source.h"
 #include "coordinator/session_manager.h"
@@ -117,10 +119,16 @@ class JobManager {
   // Deadlines: re-form timeouts, reconnects after recovery, retention.
   void Tick();
 
-  // Job-level status (state, generation, members, events, re-forms and the
-  // nodes lost and joined); other managers add theirs. NOT_FOUND for an
-  // unknown job.
-  absl::Status FillStatus(const std::string& job, v1::JobStatus* status) const;
+  // Job-level status (state, generation, total_members, events, re-forms
+  // and the nodes lost and joined) and the members `page` holds, in page
+  // order (MemberPage::All(): every member); other managers add theirs.
+  // O(page size + log members): only the page's members are filled (in
+  // job_status.cc). Returns whether members follow the page. NOT_FOUND for
+  // an unknown job, ABORTED for a page token of another generation or state
+  // (MemberPage::Check).
+  absl::StatusOr<bool> FillStatus(const std::string& job,
+                                  const MemberPage& page,
+                                  v1::JobStatus* status) const;
   std::vector<std::string> JobNames() const;
   // How long the job's sealed re-forms took, since the job was created (or
   // rebuilt after a coordinator restart); empty for an unknown job.
@@ -154,6 +162,10 @@ class JobManager {
   void Event(Job& job, const std::string& kind, const std::string& message,
              const std::string& node = "");
   void SendToMember(const Member& member, const OutboundMessage& message);
+  // The members `page` holds into `status`; whether members follow them.
+  bool FillMembers(const Job& job, const MemberPage& page,
+                   v1::JobStatus* status) const;
+  void FillMember(const Member& member, v1::MemberStatus* out) const;
   // The member's view of the job's sealed membership (MembershipView).
   void SendMembership(const Job& job, const Member& member);
   // Answers a join or rejoin (request `seq`) with the job's state.

@@ -18,14 +18,9 @@ namespace {
 constexpr absl::string_view kTokenTag = "m1";
 
 // Sealed members by node rank, then unsealed ones by name.
-auto Key(int32_t node_rank, const std::string& node_name) {
+auto Key(int32_t node_rank, absl::string_view node_name) {
   const bool unsealed = node_rank < 0;
-  return std::make_tuple(unsealed, unsealed ? 0 : node_rank,
-                         absl::string_view(node_name));
-}
-
-auto Key(const v1::MemberStatus& member) {
-  return Key(member.node_rank(), member.node_name());
+  return std::make_tuple(unsealed, unsealed ? 0 : node_rank, node_name);
 }
 
 // The token as errors quote it: a long one shortened.
@@ -52,6 +47,10 @@ std::string StateWord(int32_t state) {
 
 MemberPage MemberPage::All() {
   return MemberPage(std::numeric_limits<int32_t>::max(), /*unbounded=*/true);
+}
+
+MemberPage MemberPage::First() {
+  return MemberPage(kDefaultSize, /*unbounded=*/false);
 }
 
 absl::StatusOr<MemberPage> MemberPage::FromRequest(
@@ -102,43 +101,26 @@ absl::StatusOr<MemberPage> MemberPage::FromRequest(
   return page;
 }
 
-absl::Status MemberPage::Select(v1::JobStatus* status) {
-  auto* members = status->mutable_members();
-  status->set_total_members(members->size());
-  if (has_cursor_ && (generation_ != status->generation() ||
-                      state_ != static_cast<int32_t>(status->state()))) {
-    return absl::AbortedError(absl::StrCat(
-        "the members of job \"", status->job(), "\" changed since the page of ",
-        "page_token ", Quoted(token_), " (it was generation ", generation_,
-        ", ", StateWord(state_), "; now generation ", status->generation(),
-        ", ", StateWord(status->state()),
-        "): fetch them again from the first page (an empty page_token)"));
+absl::Status MemberPage::Check(const v1::JobStatus& status) const {
+  if (!has_cursor_ || (generation_ == status.generation() &&
+                       state_ == static_cast<int32_t>(status.state()))) {
+    return absl::OkStatus();
   }
-  std::sort(members->pointer_begin(), members->pointer_end(),
-            [](const v1::MemberStatus* a, const v1::MemberStatus* b) {
-              return Key(*a) < Key(*b);
-            });
-  int first = 0;
-  if (has_cursor_) {
-    const auto after = Key(after_rank_, after_name_);
-    first =
-        static_cast<int>(std::partition_point(members->begin(), members->end(),
-                                              [&](const v1::MemberStatus& m) {
-                                                return !(after < Key(m));
-                                              }) -
-                         members->begin());
-  }
-  const int end = static_cast<int>(
-      std::min<int64_t>(members->size(), int64_t{first} + size_));
-  more_ = end < members->size();
-  members->DeleteSubrange(end, members->size() - end);
-  members->DeleteSubrange(0, first);
-  return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(
+      "the members of job \"", status.job(), "\" changed since the page of ",
+      "page_token ", Quoted(token_), " (it was generation ", generation_, ", ",
+      StateWord(state_), "; now generation ", status.generation(), ", ",
+      StateWord(status.state()),
+      "): fetch them again from the first page (an empty page_token)"));
 }
 
-void MemberPage::Finish(v1::JobStatus* status) const {
+bool MemberPage::Follows(int32_t node_rank, absl::string_view node_name) const {
+  return !has_cursor_ ||
+         Key(after_rank_, after_name_) < Key(node_rank, node_name);
+}
+
+void MemberPage::Finish(bool more, v1::JobStatus* status) const {
   auto* members = status->mutable_members();
-  bool more = more_;
   if (!unbounded_) {
     size_t bytes = 0;
     for (int i = 0; i < members->size(); ++i) {

@@ -11,6 +11,10 @@
 // restart. A token of another membership (the job moved to another
 // generation, or sealed its generation, since the page) is refused with
 // ABORTED: its order no longer holds, so the caller starts again.
+//
+// MemberPage decides where a page starts and how many members it holds; the
+// job's owner (JobManager::FillStatus) keeps its members in this order and
+// fills only those, so a page costs O(page size), not O(members).
 
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "baton/v1/status.pb.h"
 
 namespace baton::coordinator {
@@ -31,22 +36,38 @@ class MemberPage {
   // what a client receives.
   static constexpr size_t kMaxBytes = size_t{2} << 20;
 
-  // Every member on one page (the coordinator's own callers, ListJobs).
+  // Every member on one page (the coordinator's own callers).
   static MemberPage All();
+  // The first page of the default size (Status.ListJobs, for every job).
+  static MemberPage First();
   // The page `request` asks for: INVALID_ARGUMENT for a negative page_size
   // or a token that does not decode. Whether the token fits the job is
-  // checked by Select.
+  // checked by Check.
   static absl::StatusOr<MemberPage> FromRequest(
       const v1::GetJobRequest& request);
 
-  // `status` holds the whole job (every member, its generation and state).
-  // Orders the members, sets total_members and keeps only this page's.
-  // INVALID_ARGUMENT for a token of another job, ABORTED for a token of
-  // another generation or state.
-  absl::Status Select(v1::JobStatus* status);
-  // Once the kept members are filled in: ends the page at kMaxBytes and
-  // sets next_page_token when members remain after it.
-  void Finish(v1::JobStatus* status) const;
+  // `status` holds the job's own fields (its generation and state): ABORTED
+  // for a token of another generation or state, whose order no longer
+  // holds.
+  absl::Status Check(const v1::JobStatus& status) const;
+
+  // The most members the page holds.
+  int32_t size() const { return size_; }
+  // Whether the member comes after the previous page's last one in page
+  // order (node_rank < 0: not sealed), so on this page or a later one.
+  // Every member does on the first page.
+  bool Follows(int32_t node_rank, absl::string_view node_name) const;
+  // Where the page's unsealed members start: after this name; null when
+  // they start at the first (the previous page, if any, ended on a sealed
+  // member).
+  const std::string* unsealed_after() const {
+    return has_cursor_ && after_rank_ < 0 ? &after_name_ : nullptr;
+  }
+
+  // Once the page's members are filled in page order, `more` when members
+  // follow them: ends the page at kMaxBytes and sets next_page_token when
+  // members remain after it.
+  void Finish(bool more, v1::JobStatus* status) const;
 
  private:
   MemberPage(int32_t size, bool unbounded)
@@ -63,8 +84,6 @@ class MemberPage {
   int32_t state_ = 0;
   int32_t after_rank_ = -1;
   std::string after_name_;
-  // Set by Select: members past the page remain.
-  bool more_ = false;
 };
 
 }  // namespace baton::coordinator

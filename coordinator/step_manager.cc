@@ -103,8 +103,8 @@ struct StepManager::JobSteps {
   std::vector<v1::Stall> Stalls(absl::Time now, absl::Duration threshold,
                                 const TensorNameFn& tensor_name) const {
     absl::flat_hash_map<StallKey, PendingGroup> groups;
-    for (const auto& [name, node] : nodes) {
-      if (!node.has_report) continue;
+    for (const Node* reporter : nodes_pending) {
+      const Node& node = *reporter;
       const int64_t age_ms =
           std::max<int64_t>(0, absl::ToInt64Milliseconds(now - node.received));
       for (const v1::PendingTensor& pending : node.report.pending()) {
@@ -164,6 +164,9 @@ struct StepManager::JobSteps {
   // The nodes in rank order: pointers into `nodes`, which changes only when
   // a generation is sealed.
   std::vector<const Node*> nodes_by_rank;
+  // The nodes whose latest report has pending operations: the only ones
+  // Stalls reads, so a status page does not walk every node.
+  absl::flat_hash_set<const Node*> nodes_pending;
   // Indexed by global rank; -1 until the rank completes a step.
   std::vector<int64_t> rank_steps;
   // Indexed by global rank: the highest step it submitted any tensor of, as
@@ -193,6 +196,7 @@ void StepManager::OnGenerationSealed(const v1::Membership& membership) {
 
   job->generation = membership.generation();
   job->nodes.clear();
+  job->nodes_pending.clear();
   job->announced.clear();
   // The job manager guarantees ranks within world_size; taking the largest
   // keeps a bad membership from indexing past the rank table.
@@ -333,6 +337,11 @@ absl::Status StepManager::OnReport(const std::string& node_name,
         node.max_pending_steps.try_emplace(pending.tensor_id(), pending.step());
     if (!inserted) it->second = std::max(it->second, pending.step());
   }
+  if (report.pending().empty()) {
+    job.nodes_pending.erase(&node);
+  } else {
+    job.nodes_pending.insert(&node);
+  }
   node.has_report = true;
   node.report = report;
   node.received = now;
@@ -393,21 +402,29 @@ void StepManager::FillStatus(const std::string& job_name, absl::Time now,
   status->set_global_step(job.global_step);
   // Each rank's place, for lag: the furthest step it submitted (never below
   // one it completed), but one below the earliest stalled step it holds
-  // back. The ranks waiting for it stay where they are.
-  std::vector<int64_t> places(job.rank_steps.size());
-  std::vector<int64_t> completed = job.rank_steps;
-  for (size_t rank = 0; rank < places.size(); ++rank) {
-    places[rank] = std::max(job.submitted_steps[rank], job.rank_steps[rank]);
-  }
+  // back. The ranks waiting for it stay where they are. Only the page's
+  // members are filled; the furthest place is one pass over the ranks.
+  absl::flat_hash_map<int32_t, int64_t> caps;
   for (v1::Stall& stall : job.Stalls(now, stall_threshold_, tensor_name)) {
     for (int32_t rank : stall.missing_ranks()) {
-      places[rank] = std::min(places[rank], stall.step() - 1);
-      completed[rank] = std::min(completed[rank], stall.step() - 1);
+      auto [it, inserted] = caps.try_emplace(rank, stall.step() - 1);
+      if (!inserted) it->second = std::min(it->second, stall.step() - 1);
     }
     *status->add_stalls() = std::move(stall);
   }
-  const int64_t furthest =
-      places.empty() ? -1 : *std::max_element(places.begin(), places.end());
+  const auto capped = [&caps](int32_t rank, int64_t step) {
+    if (caps.empty()) return step;
+    auto it = caps.find(rank);
+    return it == caps.end() ? step : std::min(step, it->second);
+  };
+  const auto place = [&](int32_t rank) {
+    return capped(rank,
+                  std::max(job.submitted_steps[rank], job.rank_steps[rank]));
+  };
+  int64_t furthest = -1;
+  for (size_t rank = 0; rank < job.rank_steps.size(); ++rank) {
+    furthest = std::max(furthest, place(static_cast<int32_t>(rank)));
+  }
   for (v1::MemberStatus& member : *status->mutable_members()) {
     auto node_it = job.nodes.find(member.node_name());
     if (node_it == job.nodes.end()) continue;
@@ -417,8 +434,8 @@ void StepManager::FillStatus(const std::string& job_name, absl::Time now,
          rank < node.rank_offset + node.local_size; ++rank) {
       v1::RankStatus* rank_status = member.add_ranks();
       rank_status->set_rank(rank);
-      rank_status->set_completed_step(completed[rank]);
-      rank_status->set_lag(furthest - places[rank]);
+      rank_status->set_completed_step(capped(rank, job.rank_steps[rank]));
+      rank_status->set_lag(furthest - place(rank));
     }
     if (node.has_report) {
       const v1::AgentStats& stats = node.report.stats();

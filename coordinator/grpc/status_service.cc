@@ -29,11 +29,11 @@ grpc::ServerUnaryReactor* StatusService::AnswerOnLoop(
 }
 
 grpc::ServerUnaryReactor* StatusService::ListJobs(
-    grpc::CallbackServerContext* context,
-    const v1::ListJobsRequest* /*request*/, v1::ListJobsResponse* response) {
+    grpc::CallbackServerContext* context, const v1::ListJobsRequest* request,
+    v1::ListJobsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  loop_->Post([coordinator = coordinator_, response, reactor]() {
-    *response = coordinator->ListJobs();
+  loop_->Post([coordinator = coordinator_, request, response, reactor]() {
+    *response = coordinator->ListJobs(*request);
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;

@@ -21,7 +21,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "baton/v1/common.pb.h"
 #include "baton/v1/coordinator.pb.h"
@@ -421,9 +423,13 @@ class Driver {
       case 0:
         coordinator_->ListJobs();
         break;
-      case 1:
-        coordinator_->GetJob(job).IgnoreError();
+      case 1: {
+        absl::StatusOr<v1::JobStatus> whole = coordinator_->GetJob(job);
+        if (whole.ok()) {
+          CheckPages(*whole, 1 + static_cast<int32_t>(in.Below(3)));
+        }
         break;
+      }
       case 2:
         coordinator_->GetTensors(job).IgnoreError();
         break;
@@ -441,6 +447,40 @@ class Driver {
             });
         break;
       }
+    }
+  }
+
+  // Status.GetJob's pages of `size` members, joined, are `whole`'s members
+  // in its order: where a page starts (found without walking the members)
+  // agrees with the whole list.
+  void CheckPages(const v1::JobStatus& whole, int32_t size) {
+    std::vector<std::string> expected, paged;
+    for (const v1::MemberStatus& m : whole.members()) {
+      expected.push_back(m.node_name());
+    }
+    v1::GetJobRequest request;
+    request.set_job(whole.job());
+    request.set_page_size(size);
+    for (int pages = 0; pages <= whole.members_size(); ++pages) {
+      absl::StatusOr<v1::JobStatus> page = coordinator_->GetJob(request);
+      if (!page.ok() || page->total_members() != whole.members_size()) {
+        Broken(absl::StrCat(
+            "a GetJob page of job ", whole.job(), " answered ",
+            page.ok() ? absl::StrCat(page->total_members(), " total members")
+                      : page.status().ToString(),
+            "; the whole job has ", whole.members_size()));
+      }
+      for (const v1::MemberStatus& m : page->members()) {
+        paged.push_back(m.node_name());
+      }
+      if (page->next_page_token().empty()) break;
+      request.set_page_token(page->next_page_token());
+    }
+    if (paged != expected) {
+      Broken(absl::StrCat("GetJob pages of ", size, " members of job ",
+                          whole.job(), " list ", absl::StrJoin(paged, ","),
+                          "; the whole job lists ",
+                          absl::StrJoin(expected, ",")));
     }
   }
 

@@ -101,10 +101,20 @@ absl::StatusOr<std::string> StatusText(StatusClient& client,
                                        const std::string& job, Output output) {
   const int max_members = FLAGS_all ? INT_MAX : kShownMembers;
   if (job.empty()) {
-    return Render(client.ListJobs(), output,
-                  [max_members](const v1::ListJobsResponse& r) {
-                    return FormatJobs(r, absl::Now(), max_members);
-                  });
+    absl::StatusOr<v1::ListJobsResponse> jobs = client.ListJobs();
+    // ListJobs gives each job's first page of members; the tables count and
+    // pick from all of them.
+    if (jobs.ok()) {
+      for (v1::JobStatus& listed : *jobs->mutable_jobs()) {
+        if (listed.next_page_token().empty()) continue;
+        absl::StatusOr<v1::JobStatus> whole = client.GetJob(listed.job());
+        if (!whole.ok()) return whole.status();
+        listed = *std::move(whole);
+      }
+    }
+    return Render(jobs, output, [max_members](const v1::ListJobsResponse& r) {
+      return FormatJobs(r, absl::Now(), max_members);
+    });
   }
   return Render(client.GetJob(job), output,
                 [max_members](const v1::JobStatus& r) {

@@ -25,6 +25,9 @@ class StatusClient {
   StatusClient(std::string address, absl::Duration timeout,
                std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
+  // Every job with the first page of its members, as Status.ListJobs
+  // answers it: a job with more has a next_page_token (GetJob fetches it
+  // whole).
   absl::StatusOr<v1::ListJobsResponse> ListJobs();
   // The whole job: every page of its members (page_size() at a time)
   // joined, the job's other fields from the last page. When the job's

@@ -1,6 +1,7 @@
 // Status.GetJob's paging of a job's members (AIP-158): every member exactly
 // once across the pages, in node-rank order; the default and maximum page
-// sizes; refused page tokens; a membership that changes between pages.
+// sizes; refused page tokens; a membership that changes between pages;
+// ListJobs's first pages.
 #include <string>
 #include <vector>
 
@@ -132,6 +133,47 @@ TEST_F(CoordinatorPagingTest,
             (std::vector<std::string>{"n4", "n5", "n6", "n7", "n8", "n9"}));
 }
 
+// A re-forming job holds both kinds: the survivors keep their node ranks and
+// come first, the newcomers follow by name, and a page may start or end on
+// either side of the border.
+TEST_F(CoordinatorPagingTest, PagesCrossFromSealedToUnsealedMembers) {
+  std::vector<Agent> agents;
+  for (int k = 0; k < 6; ++k) {
+    agents.push_back(Connect(absl::StrCat("n", k)));
+    Join(agents.back(), "job", 1, 6, /*min_nodes=*/6);
+  }
+  ASSERT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+  for (int k = 1; k <= 4; ++k) {
+    coordinator_->OnSessionClosed(agents[k].id, "crashed");
+  }
+  for (const char* node : {"z9", "a9", "m9"}) {
+    agents.push_back(Connect(node));
+    Join(agents.back(), "job", 1, 6, /*min_nodes=*/6);
+  }
+  const v1::JobStatus whole = Status("job");
+  ASSERT_EQ(whole.state(), v1::JOB_STATE_REFORMING);
+  const std::vector<std::string> order = {"n0", "n5", "a9", "m9", "z9"};
+  EXPECT_EQ(Names({whole}), order);
+  EXPECT_EQ(whole.members(1).node_rank(), 5);
+  EXPECT_EQ(whole.members(2).node_rank(), -1);
+  for (int32_t size = 1; size <= 6; ++size) {
+    const std::vector<v1::JobStatus> pages = AllPages("job", size);
+    EXPECT_EQ(Names(pages), order) << "page size " << size;
+    EXPECT_THAT(pages, SizeIs((5 + size - 1) / size)) << "page size " << size;
+    for (const v1::JobStatus& page : pages) {
+      EXPECT_EQ(page.total_members(), 5);
+    }
+  }
+  // A newcomer that leaves between pages shifts nothing.
+  absl::StatusOr<v1::JobStatus> first = Page("job", 3);
+  ASSERT_TRUE(first.ok()) << first.status();
+  coordinator_->OnSessionClosed(agents[7].id, "gone");  // a9, the page's last
+  absl::StatusOr<v1::JobStatus> next = Page("job", 3, first->next_page_token());
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(Names({*next}), (std::vector<std::string>{"m9", "z9"}));
+  EXPECT_EQ(next->total_members(), 4);
+}
+
 TEST_F(CoordinatorPagingTest, PageSizeDefaultsAndIsCappedAtTheMaximum) {
   FormingJob("big", MemberPage::kMaxSize + 1);
   absl::StatusOr<v1::JobStatus> page = Page("big", 0);
@@ -152,6 +194,40 @@ TEST_F(CoordinatorPagingTest, PageSizeDefaultsAndIsCappedAtTheMaximum) {
   EXPECT_EQ(page.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(page.status().message(), AllOf(HasSubstr("page_size is -1"),
                                              HasSubstr("0 for the default")));
+}
+
+// Status.ListJobs gives each job its first page; GetJob goes on from its
+// token. The coordinator's own ListJobs() (metrics) still has every member.
+TEST_F(CoordinatorPagingTest, ListJobsGivesEachJobItsFirstPage) {
+  FormingJob("big", MemberPage::kDefaultSize + 3);
+  for (const char* node : {"s0", "s1"}) {
+    Agent agent = Connect(node);
+    Join(agent, "small", 1, 2);
+  }
+  const v1::ListJobsResponse listed =
+      coordinator_->ListJobs(v1::ListJobsRequest());
+  ASSERT_THAT(listed.jobs(), SizeIs(2));
+  const v1::JobStatus& big = listed.jobs(0);
+  EXPECT_EQ(big.job(), "big");
+  EXPECT_THAT(big.members(), SizeIs(MemberPage::kDefaultSize));
+  EXPECT_EQ(big.total_members(), MemberPage::kDefaultSize + 3);
+  EXPECT_EQ(big.world_size(), MemberPage::kDefaultSize + 3);
+  const v1::JobStatus& small = listed.jobs(1);
+  EXPECT_EQ(small.job(), "small");
+  EXPECT_THAT(small.members(), SizeIs(2));
+  EXPECT_THAT(small.next_page_token(), IsEmpty());
+
+  absl::StatusOr<v1::JobStatus> rest = Page("big", 0, big.next_page_token());
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_THAT(rest->members(), SizeIs(3));
+  EXPECT_THAT(rest->next_page_token(), IsEmpty());
+  std::vector<std::string> names = Names({big, *rest});
+  EXPECT_EQ(names, Names({Status("big")}));
+
+  const v1::ListJobsResponse whole = coordinator_->ListJobs();
+  ASSERT_THAT(whole.jobs(), SizeIs(2));
+  EXPECT_THAT(whole.jobs(0).members(), SizeIs(MemberPage::kDefaultSize + 3));
+  EXPECT_THAT(whole.jobs(0).next_page_token(), IsEmpty());
 }
 
 TEST_F(CoordinatorPagingTest, APageEndsEarlyWhenItsMembersAreLarge) {
