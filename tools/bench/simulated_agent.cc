@@ -116,18 +116,22 @@ void SimulatedAgent::Join() {
 }
 
 void SimulatedAgent::Leave() {
-  absl::ReleasableMutexLock lock(&mu_);
-  if (finish_started_ || leaving_) return;
-  v1::AgentMessage message;
-  message.set_seq(++seq_);
-  v1::LeaveJob* leave = message.mutable_leave();
-  leave->set_job(job_);
-  leave->set_generation(generation_);
-  leave->set_finished(true);
-  leave->set_reason("load test over");
-  outbound_.push_back(std::move(message));
-  leaving_ = true;
-  Advance(lock);
+  NextOperation next;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finish_started_ || leaving_) return;
+    v1::AgentMessage message;
+    message.set_seq(++seq_);
+    v1::LeaveJob* leave = message.mutable_leave();
+    leave->set_job(job_);
+    leave->set_generation(generation_);
+    leave->set_finished(true);
+    leave->set_reason("load test over");
+    outbound_.push_back(std::move(message));
+    leaving_ = true;
+    next = Advance();
+  }
+  StartOperation(std::move(next));
 }
 
 void SimulatedAgent::OnTimer(TimerKind kind) {
@@ -154,11 +158,15 @@ void SimulatedAgent::OnTimer(TimerKind kind) {
 
 void SimulatedAgent::OnReadDone(bool ok) {
   if (!ok) {
-    absl::ReleasableMutexLock lock(&mu_);
-    --outstanding_;
-    read_over_ = true;
-    stream_over_ = true;
-    Advance(lock);
+    NextOperation next;
+    {
+      absl::MutexLock lock(&mu_);
+      --outstanding_;
+      read_over_ = true;
+      stream_over_ = true;
+      next = Advance();
+    }
+    StartOperation(std::move(next));
     return;
   }
   Handle(*inbound_);
@@ -173,11 +181,15 @@ void SimulatedAgent::OnReadDone(bool ok) {
 }
 
 void SimulatedAgent::OnWriteDone(bool ok) {
-  absl::ReleasableMutexLock lock(&mu_);
-  --outstanding_;
-  write_in_flight_ = false;
-  if (!ok) stream_over_ = true;
-  Advance(lock);
+  NextOperation next;
+  {
+    absl::MutexLock lock(&mu_);
+    --outstanding_;
+    write_in_flight_ = false;
+    if (!ok) stream_over_ = true;
+    next = Advance();
+  }
+  StartOperation(std::move(next));
 }
 
 void SimulatedAgent::OnFinishDone(bool /*ok*/) {
@@ -336,55 +348,61 @@ void SimulatedAgent::HandleMembership(const v1::Membership& membership) {
 }
 
 void SimulatedAgent::Send(v1::AgentMessage message) {
-  absl::ReleasableMutexLock lock(&mu_);
-  if (finish_started_ || leaving_ || stream_over_) return;
-  message.set_seq(++seq_);
-  outbound_.push_back(std::move(message));
-  Advance(lock);
+  NextOperation next;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finish_started_ || leaving_ || stream_over_) return;
+    message.set_seq(++seq_);
+    outbound_.push_back(std::move(message));
+    next = Advance();
+  }
+  StartOperation(std::move(next));
 }
 
-void SimulatedAgent::Advance(absl::ReleasableMutexLock& lock) {
-  Operation next = Operation::kNone;
-  // gRPC serializes it in Write: it need not outlive the call.
-  v1::AgentMessage message;
-  if (!write_in_flight_ && !finish_started_) {
-    if (stream_over_) {
-      outbound_.clear();
-      // Finish once the Read failed too: gRPC allows no Finish beside a
-      // Read, and the call's status follows its last message.
-      if (read_over_) next = Operation::kFinish;
-    } else if (!outbound_.empty()) {
-      message = std::move(outbound_.front());
-      outbound_.pop_front();
-      // The round trip starts when the heartbeat leaves the agent, not
-      // while it waits behind the agent's previous write (at the default
-      // intervals a step report falls due with every heartbeat).
-      if (message.has_heartbeat()) {
-        message.mutable_heartbeat()->set_sent_unix_us(
-            recorder_->StampHeartbeat());
-      }
-      next = Operation::kWrite;
-    } else if (leaving_ && !writes_done_) {
-      writes_done_ = true;
-      next = Operation::kWritesDone;
+SimulatedAgent::NextOperation SimulatedAgent::Advance() {
+  using Kind = NextOperation::Kind;
+  NextOperation next;
+  if (write_in_flight_ || finish_started_) return next;
+  if (stream_over_) {
+    outbound_.clear();
+    // Finish once the Read failed too: gRPC allows no Finish beside a Read,
+    // and the call's status follows its last message.
+    if (read_over_) next.kind = Kind::kFinish;
+  } else if (!outbound_.empty()) {
+    next.kind = Kind::kWrite;
+    next.message = std::move(outbound_.front());
+    outbound_.pop_front();
+    // The round trip starts when the heartbeat leaves the agent, not while
+    // it waits behind the agent's previous write (at the default intervals
+    // a step report falls due with every heartbeat).
+    if (next.message.has_heartbeat()) {
+      next.message.mutable_heartbeat()->set_sent_unix_us(
+          recorder_->StampHeartbeat());
     }
+  } else if (leaving_ && !writes_done_) {
+    writes_done_ = true;
+    next.kind = Kind::kWritesDone;
   }
-  if (next == Operation::kWrite || next == Operation::kWritesDone) {
+  if (next.kind == Kind::kWrite || next.kind == Kind::kWritesDone) {
     write_in_flight_ = true;
   }
-  if (next == Operation::kFinish) finish_started_ = true;
-  if (next != Operation::kNone) ++outstanding_;
-  lock.Release();
-  switch (next) {
-    case Operation::kNone:
+  if (next.kind == Kind::kFinish) finish_started_ = true;
+  if (next.kind != Kind::kNone) ++outstanding_;
+  return next;
+}
+
+void SimulatedAgent::StartOperation(NextOperation next) {
+  switch (next.kind) {
+    case NextOperation::Kind::kNone:
       return;
-    case Operation::kWrite:
-      stream_->Write(message, &write_tag_);
+    case NextOperation::Kind::kWrite:
+      // gRPC serializes the message in Write: it need not outlive the call.
+      stream_->Write(next.message, &write_tag_);
       return;
-    case Operation::kWritesDone:
+    case NextOperation::Kind::kWritesDone:
       stream_->WritesDone(&write_tag_);
       return;
-    case Operation::kFinish:
+    case NextOperation::Kind::kFinish:
       stream_->Finish(&status_, &finish_tag_);
       return;
   }

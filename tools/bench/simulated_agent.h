@@ -46,9 +46,9 @@ namespace baton::bench {
 // runs on its queue's one thread.
 //
 // Thread-safety: Join, Leave, Cancel and OnTimer may be called from any
-// thread. Writes are started outside mu_ (a completion may run at once on
-// the queue's thread and take mu_); the decision to start one is made under
-// mu_.
+// thread. Operations are started outside mu_ (a completion may run at once
+// on the queue's thread and take mu_); the decision to start one is made
+// under mu_.
 class SimulatedAgent final {
  public:
   // Agent `index` of `nodes`, named "sim-<index>", joining `job`; its
@@ -81,8 +81,12 @@ class SimulatedAgent final {
   void OnTimer(TimerKind kind);
 
  private:
-  // What Advance decided to start.
-  enum class Operation { kNone, kWrite, kWritesDone, kFinish };
+  // What Advance decided to start: a write carries its message.
+  struct NextOperation {
+    enum class Kind { kNone, kWrite, kWritesDone, kFinish };
+    Kind kind = Kind::kNone;
+    v1::AgentMessage message;
+  };
 
   // Completions, on the queue's thread. StartCall's completes as a write.
   void OnReadDone(bool ok);
@@ -97,11 +101,13 @@ class SimulatedAgent final {
   void HandleSessionAccepted(const v1::SessionAccepted& accepted);
   void HandleMembership(const v1::Membership& membership);
   void Send(v1::AgentMessage message);
-  // Starts the next write, or WritesDone once the LeaveJob is written, or
-  // Finish once the stream is over and no operation but a completed Read
-  // is left. Releases `lock`.
-  void Advance(absl::ReleasableMutexLock& lock)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decides the next operation and books it as started: the next write,
+  // or WritesDone once the LeaveJob is written, or Finish once the stream
+  // is over and no operation but a failed Read is left.
+  NextOperation Advance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts what Advance decided, outside mu_: its completion may run at
+  // once on the queue's thread and take mu_.
+  void StartOperation(NextOperation next) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   const int32_t index_;
