@@ -103,7 +103,7 @@ class SimulatedAgent final {
   void Send(v1::AgentMessage message);
   // Decides the next operation and books it as started: the next write,
   // or WritesDone once the LeaveJob is written, or Finish once the stream
-  // is over and no operation but a failed Read is left.
+  // is over, its Read has failed and no write is in flight.
   NextOperation Advance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts what Advance decided, outside mu_: its completion may run at
   // once on the queue's thread and take mu_.
