@@ -192,6 +192,7 @@ void SimulatedAgent::OnWriteDone(bool ok) {
   StartOperation(std::move(next));
 }
 
+// A client's Finish always completes ok; status_ holds the outcome.
 void SimulatedAgent::OnFinishDone(bool /*ok*/) {
   bool leaving;
   {
