@@ -5,10 +5,11 @@
 // coordinator's memory and CPU. With --restart_file, also how long every
 // agent takes to rejoin a restarted coordinator.
 //
-// Each agent is one AgentSession stream (a callback reactor with its own
+// Each agent is one AgentSession stream (on gRPC's async API, with its own
 // outbound queue and one write in flight); agents are spread over several
-// channels, each its own TCP connection. One ticker thread sends every
-// agent's heartbeats and step reports.
+// channels, each its own TCP connection, and over the completion queues of
+// one CompletionQueuePool, each drained by its own thread. One ticker
+// thread sends every agent's heartbeats and step reports.
 //
 // This file holds the flags, the run's phases and the report; the agents are
 // in simulated_agent.h, their timers in ticker.h, what they observe in
@@ -36,6 +37,7 @@
 #include "absl/time/time.h"
 #include "baton/v1/coordinator.grpc.pb.h"
 #include "baton/v1/status.grpc.pb.h"
+#include "common/completion_queue_pool.h"
 #include "common/init.h"
 #include "common/tls.h"
 #include "common/tls_flags.h"
@@ -70,6 +72,11 @@ DEFINE_int32(seal_timeout_s, 60,
              "membership");
 DEFINE_int32(agents_per_channel, 256,
              "Sessions per channel (TCP connection) to the coordinator");
+DEFINE_int32(completion_queues, 8,
+             "gRPC completion queues (one thread each) the agents' streams "
+             "are spread over, agent i on queue i % N. Debian's libgrpc "
+             "searches a queue's outstanding operations linearly on every "
+             "completion: more queues, shorter searches");
 DEFINE_int32(expected_nodes, 0,
              "The job's expected_nodes (0: --nodes). Above --nodes the job "
              "never seals: the steady state then measures heartbeats and "
@@ -243,10 +250,12 @@ int Main(int argc, char** argv) {
   }
   if (FLAGS_nodes < 1 || FLAGS_nodes > 100000 || FLAGS_duration_s < 1 ||
       FLAGS_agents_per_channel < 1 || FLAGS_seal_timeout_s < 1 ||
-      FLAGS_connect_timeout_s < 1) {
+      FLAGS_connect_timeout_s < 1 || FLAGS_completion_queues < 1 ||
+      FLAGS_completion_queues > 256) {
     std::fprintf(stderr,
-                 "baton-coordinator-load: --nodes must be in 1..100000; "
-                 "--duration_s, --agents_per_channel, --seal_timeout_s and "
+                 "baton-coordinator-load: --nodes must be in 1..100000 and "
+                 "--completion_queues in 1..256; --duration_s, "
+                 "--agents_per_channel, --seal_timeout_s and "
                  "--connect_timeout_s must be positive\n");
     return 2;
   }
@@ -309,13 +318,18 @@ int Main(int argc, char** argv) {
   LoadRecorder recorder;
   MembershipStore memberships;
   std::vector<std::unique_ptr<SimulatedAgent>> agents;
+  // Declared after the agents, so shut down (every thread joined, after
+  // every stream ended) before they are destroyed.
+  CompletionQueuePool queues(FLAGS_completion_queues);
+  queues.Start("load-cq");
   // Declared after the agents, so destroyed (its thread joined) first.
   Ticker ticker([&agents](int32_t agent, TimerKind kind) {
     agents[agent]->OnTimer(kind);
   });
   for (int i = 0; i < FLAGS_nodes; ++i) {
     agents.push_back(std::make_unique<SimulatedAgent>(
-        i, expected_nodes, FLAGS_job, &recorder, &ticker,
+        i, expected_nodes, FLAGS_job, queues.queue(i % queues.size()),
+        &recorder, &ticker,
         FLAGS_restart_file.empty() ? nullptr : &memberships));
   }
 

@@ -19,9 +19,9 @@ namespace baton::bench {
 // theirs. Thread-safe; the messages it hands out are never changed.
 class MembershipStore {
  public:
-  // Runs on the reactor threads while the seal's memberships arrive, so
-  // the common case (the same membership as the one kept last) is compared
-  // field by field, without serializing it.
+  // Runs on the completion queue threads while the seal's memberships
+  // arrive, so the common case (the same membership as the one kept last)
+  // is compared field by field, without serializing it.
   std::shared_ptr<const v1::Membership> Keep(const v1::Membership& membership) {
     std::shared_ptr<const v1::Membership> last;
     {

@@ -1,6 +1,8 @@
-// SimulatedAgent: one agent's AgentSession stream as a gRPC callback reactor.
+// SimulatedAgent: one agent's AgentSession stream on gRPC's async API.
 
 #include "tools/bench/simulated_agent.h"
+
+#include <glog/logging.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -38,6 +40,7 @@ google::protobuf::ArenaOptions ReadArenaOptions() {
 }  // namespace
 
 SimulatedAgent::SimulatedAgent(int32_t index, int32_t nodes, std::string job,
+                               grpc::CompletionQueue* queue,
                                LoadRecorder* recorder, Ticker* ticker,
                                MembershipStore* memberships)
     : index_(index),
@@ -45,53 +48,61 @@ SimulatedAgent::SimulatedAgent(int32_t index, int32_t nodes, std::string job,
       job_(std::move(job)),
       node_name_(absl::StrCat("sim-", index)),
       instance_(RandomInstance()),
+      queue_(queue),
       recorder_(recorder),
       ticker_(ticker),
       memberships_(memberships),
+      read_tag_(this, &SimulatedAgent::OnReadDone),
+      write_tag_(this, &SimulatedAgent::OnWriteDone),
+      finish_tag_(this, &SimulatedAgent::OnFinishDone),
       context_(std::make_unique<grpc::ClientContext>()),
       arena_(ReadArenaOptions()),
       inbound_(NewInbound()) {}
 
 void SimulatedAgent::Start(v1::Coordinator::Stub* stub, absl::Time deadline) {
   context_->set_deadline(absl::ToChronoTime(deadline));
-  OpenStream(stub);
+  OpenStream(stub, /*reconnect=*/false);
 }
 
 void SimulatedAgent::Reconnect(v1::Coordinator::Stub* stub,
                                absl::Time deadline) {
+  stream_.reset();
   context_ = std::make_unique<grpc::ClientContext>();
   context_->set_deadline(absl::ToChronoTime(deadline));
   // As the agent's session retries do: wait for the channel to reach the
   // new coordinator (its reconnect backoff, at most 2 s, as the agent's).
   context_->set_wait_for_ready(true);
   inbound_->Clear();
-  OpenStream(stub);
+  OpenStream(stub, /*reconnect=*/true);
 }
 
-void SimulatedAgent::OpenStream(v1::Coordinator::Stub* stub) {
-  // Nothing is written until the flags below are reset: the stream is bound
-  // first.
-  stub->async()->AgentSession(context_.get(), this);
-  AddHold();
-  StartRead(inbound_);
-  {
-    absl::MutexLock lock(&mu_);
-    reconnected_ = hold_released_;
-    outbound_.clear();
-    write_in_flight_ = false;
-    stream_over_ = false;
-    hold_released_ = false;
-    leaving_ = false;
-    rejoin_pending_ = false;
-    // No step report before the rejoin is accepted.
-    rank_ = -1;
-  }
+void SimulatedAgent::OpenStream(v1::Coordinator::Stub* stub, bool reconnect) {
   v1::AgentMessage hello;
   hello.mutable_hello()->set_node_name(node_name_);
   hello.mutable_hello()->set_agent_instance(instance_);
   hello.mutable_hello()->set_agent_version("baton-coordinator-load");
-  Send(std::move(hello));
-  StartCall();
+  {
+    absl::MutexLock lock(&mu_);
+    outbound_.clear();
+    hello.set_seq(++seq_);
+    outbound_.push_back(std::move(hello));
+    // StartCall takes the write slot: Hello is written once it completed,
+    // and nothing else starts before the stream below exists.
+    write_in_flight_ = true;
+    outstanding_ = 2;  // StartCall and the first Read
+    leaving_ = false;
+    writes_done_ = false;
+    read_over_ = false;
+    stream_over_ = false;
+    finish_started_ = false;
+    reconnected_ = reconnect;
+    rejoin_pending_ = false;
+    // No step report before the rejoin is accepted.
+    rank_ = -1;
+  }
+  stream_ = stub->PrepareAsyncAgentSession(context_.get(), queue_);
+  stream_->StartCall(&write_tag_);
+  stream_->Read(inbound_, &read_tag_);
 }
 
 void SimulatedAgent::Join() {
@@ -105,18 +116,22 @@ void SimulatedAgent::Join() {
 }
 
 void SimulatedAgent::Leave() {
-  absl::ReleasableMutexLock lock(&mu_);
-  if (hold_released_ || leaving_) return;
-  v1::AgentMessage message;
-  message.set_seq(++seq_);
-  v1::LeaveJob* leave = message.mutable_leave();
-  leave->set_job(job_);
-  leave->set_generation(generation_);
-  leave->set_finished(true);
-  leave->set_reason("load test over");
-  outbound_.push_back(std::move(message));
-  leaving_ = true;
-  Advance(lock);
+  NextOperation next;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finish_started_ || leaving_) return;
+    v1::AgentMessage message;
+    message.set_seq(++seq_);
+    v1::LeaveJob* leave = message.mutable_leave();
+    leave->set_job(job_);
+    leave->set_generation(generation_);
+    leave->set_finished(true);
+    leave->set_reason("load test over");
+    outbound_.push_back(std::move(message));
+    leaving_ = true;
+    next = Advance();
+  }
+  StartOperation(std::move(next));
 }
 
 void SimulatedAgent::OnTimer(TimerKind kind) {
@@ -143,9 +158,15 @@ void SimulatedAgent::OnTimer(TimerKind kind) {
 
 void SimulatedAgent::OnReadDone(bool ok) {
   if (!ok) {
-    absl::ReleasableMutexLock lock(&mu_);
-    stream_over_ = true;
-    Advance(lock);
+    NextOperation next;
+    {
+      absl::MutexLock lock(&mu_);
+      --outstanding_;
+      read_over_ = true;
+      stream_over_ = true;
+      next = Advance();
+    }
+    StartOperation(std::move(next));
     return;
   }
   Handle(*inbound_);
@@ -155,23 +176,36 @@ void SimulatedAgent::OnReadDone(bool ok) {
   } else {
     inbound_->Clear();
   }
-  StartRead(inbound_);
+  // The next Read takes over the one that completed: outstanding_ stays.
+  stream_->Read(inbound_, &read_tag_);
 }
 
 void SimulatedAgent::OnWriteDone(bool ok) {
-  absl::ReleasableMutexLock lock(&mu_);
-  write_in_flight_ = false;
-  if (!ok) stream_over_ = true;
-  Advance(lock);
+  NextOperation next;
+  {
+    absl::MutexLock lock(&mu_);
+    --outstanding_;
+    write_in_flight_ = false;
+    if (!ok) stream_over_ = true;
+    next = Advance();
+  }
+  StartOperation(std::move(next));
 }
 
-void SimulatedAgent::OnDone(const grpc::Status& status) {
+// A client's Finish always completes ok; status_ holds the outcome.
+void SimulatedAgent::OnFinishDone(bool /*ok*/) {
   bool leaving;
   {
     absl::MutexLock lock(&mu_);
+    --outstanding_;
+    // Finish starts only after every other operation completed (Advance).
+    CHECK_EQ(outstanding_, 0)
+        << node_name_ << ": the stream finished with operations in flight";
     leaving = leaving_;
   }
-  recorder_->StreamEnded(node_name_, status, leaving);
+  // The last touch of this object for the stream: once the recorder counts
+  // it ended, main may reconnect or destroy the agent.
+  recorder_->StreamEnded(node_name_, status_, leaving);
 }
 
 v1::CoordinatorMessage* SimulatedAgent::NewInbound() {
@@ -315,43 +349,64 @@ void SimulatedAgent::HandleMembership(const v1::Membership& membership) {
 }
 
 void SimulatedAgent::Send(v1::AgentMessage message) {
-  absl::ReleasableMutexLock lock(&mu_);
-  if (hold_released_ || leaving_ || stream_over_) return;
-  message.set_seq(++seq_);
-  outbound_.push_back(std::move(message));
-  Advance(lock);
+  NextOperation next;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finish_started_ || leaving_ || stream_over_) return;
+    message.set_seq(++seq_);
+    outbound_.push_back(std::move(message));
+    next = Advance();
+  }
+  StartOperation(std::move(next));
 }
 
-void SimulatedAgent::Advance(absl::ReleasableMutexLock& lock) {
-  bool write = false;
-  bool writes_done = false;
-  bool release_hold = false;
-  if (!write_in_flight_ && !hold_released_) {
-    if (stream_over_) {
-      outbound_.clear();
-      release_hold = true;
-    } else if (!outbound_.empty()) {
-      in_flight_ = std::move(outbound_.front());
-      outbound_.pop_front();
-      // The round trip starts when the heartbeat leaves the agent, not
-      // while it waits behind the agent's previous write (at the default
-      // intervals a step report falls due with every heartbeat).
-      if (in_flight_.has_heartbeat()) {
-        in_flight_.mutable_heartbeat()->set_sent_unix_us(
-            recorder_->StampHeartbeat());
-      }
-      write_in_flight_ = true;
-      write = true;
-    } else if (leaving_) {
-      writes_done = true;
-      release_hold = true;
+SimulatedAgent::NextOperation SimulatedAgent::Advance() {
+  using Kind = NextOperation::Kind;
+  NextOperation next;
+  if (write_in_flight_ || finish_started_) return next;
+  if (stream_over_) {
+    outbound_.clear();
+    // Finish once the Read failed too: gRPC allows no Finish beside a Read,
+    // and the call's status follows its last message.
+    if (read_over_) next.kind = Kind::kFinish;
+  } else if (!outbound_.empty()) {
+    next.kind = Kind::kWrite;
+    next.message = std::move(outbound_.front());
+    outbound_.pop_front();
+    // The round trip starts when the heartbeat leaves the agent, not while
+    // it waits behind the agent's previous write (at the default intervals
+    // a step report falls due with every heartbeat).
+    if (next.message.has_heartbeat()) {
+      next.message.mutable_heartbeat()->set_sent_unix_us(
+          recorder_->StampHeartbeat());
     }
-    hold_released_ = release_hold;
+  } else if (leaving_ && !writes_done_) {
+    writes_done_ = true;
+    next.kind = Kind::kWritesDone;
   }
-  lock.Release();
-  if (write) StartWrite(&in_flight_);
-  if (writes_done) StartWritesDone();
-  if (release_hold) RemoveHold();
+  if (next.kind == Kind::kWrite || next.kind == Kind::kWritesDone) {
+    write_in_flight_ = true;
+  }
+  if (next.kind == Kind::kFinish) finish_started_ = true;
+  if (next.kind != Kind::kNone) ++outstanding_;
+  return next;
+}
+
+void SimulatedAgent::StartOperation(NextOperation next) {
+  switch (next.kind) {
+    case NextOperation::Kind::kNone:
+      return;
+    case NextOperation::Kind::kWrite:
+      // gRPC serializes the message in Write: it need not outlive the call.
+      stream_->Write(next.message, &write_tag_);
+      return;
+    case NextOperation::Kind::kWritesDone:
+      stream_->WritesDone(&write_tag_);
+      return;
+    case NextOperation::Kind::kFinish:
+      stream_->Finish(&status_, &finish_tag_);
+      return;
+  }
 }
 
 }  // namespace baton::bench

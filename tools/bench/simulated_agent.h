@@ -1,5 +1,6 @@
 // SimulatedAgent: one simulated agent of the load generator, an
-// AgentSession stream driven as a gRPC callback reactor.
+// AgentSession stream driven on gRPC's async API over a completion queue of
+// a CompletionQueuePool.
 
 #pragma once
 
@@ -17,6 +18,7 @@
 #include "baton/v1/coordinator.grpc.pb.h"
 #include "tools/bench/load_recorder.h"
 #include "tools/bench/membership_store.h"
+#include "tools/bench/stream_operation_tag.h"
 #include "tools/bench/ticker.h"
 
 namespace baton::bench {
@@ -25,36 +27,50 @@ namespace baton::bench {
 // until Leave. After a coordinator restart (Reconnect) it opens a new
 // stream and, as a real agent does (agent/job_membership.cc), re-reports
 // the generation it runs in a RejoinJob: the membership it received, its
-// completed step. Owned by main; it must outlive OnDone (the recorder's
-// AwaitEnded).
+// completed step. Owned by main; it must outlive the end of its stream
+// (the recorder's StreamEnded, awaited by AwaitEnded).
 //
-// The reactor serves one stream at a time: Reconnect binds it to the next
-// stream only after the previous one's OnDone.
+// Why the async API and not a callback reactor: the callback API puts every
+// stream of the process on one completion queue, whose outstanding-tag
+// search in Debian's libgrpc (built without NDEBUG) is linear in the number
+// of streams (common/completion_queue_pool.h). The agents are spread over
+// the queues of a CompletionQueuePool instead.
+//
+// The stream's operations and their rules (gRPC's): StartCall and then the
+// writes share one slot, so at most one of them is in flight (StartCall,
+// Write, WritesDone); one Read is in flight from StartCall until a Read
+// fails (the coordinator ended the stream, or the call failed); Finish is
+// started once, after that failed Read, when no write is in flight and none
+// can start any more. The stream has ended (StreamEnded reported) when
+// Finish and every other operation completed. Every completion of one agent
+// runs on its queue's one thread.
 //
 // Thread-safety: Join, Leave, Cancel and OnTimer may be called from any
-// thread. gRPC operations are started outside mu_ (a reaction may run at
-// once on another thread and take mu_); the decision to start one is made
-// under mu_, so there is at most one write in flight, WritesDone follows the
-// last write, and the hold that keeps the stream alive for writes from
-// outside reactions is removed exactly once, after the last operation was
-// started.
-class SimulatedAgent final
-    : public grpc::ClientBidiReactor<v1::AgentMessage, v1::CoordinatorMessage> {
+// thread. Operations are started outside mu_ (a completion may run at once
+// on the queue's thread and take mu_); the decision to start one is made
+// under mu_.
+class SimulatedAgent final {
  public:
-  // Agent `index` of `nodes`, named "sim-<index>", joining `job`; reports
-  // to `recorder` and schedules its timers on `ticker`, which must outlive
-  // it. With `memberships` (which must outlive it too) it keeps the
-  // membership it receives, to rejoin after a coordinator restart.
+  // Agent `index` of `nodes`, named "sim-<index>", joining `job`; its
+  // streams' operations complete on `queue` (a CompletionQueuePool's, whose
+  // thread calls the tags). Reports to `recorder` and schedules its timers
+  // on `ticker`; all three must outlive it. With `memberships` (which must
+  // outlive it too) it keeps the membership it receives, to rejoin after a
+  // coordinator restart.
   SimulatedAgent(int32_t index, int32_t nodes, std::string job,
-                 LoadRecorder* recorder, Ticker* ticker,
-                 MembershipStore* memberships = nullptr);
+                 grpc::CompletionQueue* queue, LoadRecorder* recorder,
+                 Ticker* ticker, MembershipStore* memberships = nullptr);
+
+  SimulatedAgent(const SimulatedAgent&) = delete;
+  SimulatedAgent& operator=(const SimulatedAgent&) = delete;
 
   // Opens the stream (ending at `deadline`) and sends Hello. Called once,
   // from the main thread.
   void Start(v1::Coordinator::Stub* stub, absl::Time deadline);
-  // After the stream ended (OnDone ran): opens a new one that waits for the
-  // channel to connect, says Hello again (the same agent instance) and, once
-  // accepted, rejoins with the kept membership. From the main thread.
+  // After the stream ended (StreamEnded reported): opens a new one that
+  // waits for the channel to connect, says Hello again (the same agent
+  // instance) and, once accepted, rejoins with the kept membership. From
+  // the main thread.
   void Reconnect(v1::Coordinator::Stub* stub, absl::Time deadline);
   void Join();
   // Sends LeaveJob{finished} and then ends the stream's writes.
@@ -64,23 +80,34 @@ class SimulatedAgent final
   // Sends a heartbeat, or a step report once the agent has a rank.
   void OnTimer(TimerKind kind);
 
-  void OnReadDone(bool ok) override;
-  void OnWriteDone(bool ok) override;
-  void OnDone(const grpc::Status& status) override;
-
  private:
+  // What Advance decided to start: a write carries its message.
+  struct NextOperation {
+    enum class Kind { kNone, kWrite, kWritesDone, kFinish };
+    Kind kind = Kind::kNone;
+    v1::AgentMessage message;
+  };
+
+  // Completions, on the queue's thread. StartCall's completes as a write.
+  void OnReadDone(bool ok);
+  void OnWriteDone(bool ok);
+  void OnFinishDone(bool ok);
+
   v1::CoordinatorMessage* NewInbound();
-  // Binds the reactor to a new AgentSession stream on `context_` and sends
-  // Hello; the stream starts.
-  void OpenStream(v1::Coordinator::Stub* stub);
+  // Starts a new AgentSession stream on `context_`: StartCall, the first
+  // Read, and Hello queued behind StartCall.
+  void OpenStream(v1::Coordinator::Stub* stub, bool reconnect);
   void Handle(const v1::CoordinatorMessage& message);
   void HandleSessionAccepted(const v1::SessionAccepted& accepted);
   void HandleMembership(const v1::Membership& membership);
   void Send(v1::AgentMessage message);
-  // Starts the next write, or WritesDone once the LeaveJob is written, or
-  // gives up the hold once no more writes can happen. Releases `lock`.
-  void Advance(absl::ReleasableMutexLock& lock)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decides the next operation and books it as started: the next write,
+  // or WritesDone once the LeaveJob is written, or Finish once the stream
+  // is over, its Read has failed and no write is in flight.
+  NextOperation Advance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts what Advance decided, outside mu_: its completion may run at
+  // once on the queue's thread and take mu_.
+  void StartOperation(NextOperation next) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.
   const int32_t index_;
@@ -89,26 +116,43 @@ class SimulatedAgent final
   const std::string node_name_;
   // Kept across reconnects, as a real agent keeps its own.
   const std::string instance_;
+  grpc::CompletionQueue* const queue_;
   LoadRecorder* const recorder_;
   Ticker* const ticker_;
   MembershipStore* const memberships_;
-  // The current stream's; replaced (main thread) only between streams.
-  std::unique_ptr<grpc::ClientContext> context_;
+  StreamOperationTag<SimulatedAgent> read_tag_;
+  StreamOperationTag<SimulatedAgent> write_tag_;
+  StreamOperationTag<SimulatedAgent> finish_tag_;
 
-  // Only touched by StartRead and OnReadDone, which never overlap.
+  // The current stream's; replaced (main thread) only between streams. The
+  // stream lives in the context's call: declared after it, destroyed first.
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<
+      grpc::ClientAsyncReaderWriter<v1::AgentMessage, v1::CoordinatorMessage>>
+      stream_;
+  // Written by Finish, read when it completed.
+  grpc::Status status_;
+
+  // Only touched by the Read in flight and its completion, which starts
+  // the next.
   google::protobuf::Arena arena_;
   v1::CoordinatorMessage* inbound_;
 
   absl::Mutex mu_;
   std::deque<v1::AgentMessage> outbound_ ABSL_GUARDED_BY(mu_);
-  // Untouched between its StartWrite and OnWriteDone.
-  v1::AgentMessage in_flight_ ABSL_GUARDED_BY(mu_);
+  // StartCall, a Write or WritesDone is in flight.
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  // Operations started and not completed yet (StartCall, the Read, writes,
+  // Finish).
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool leaving_ ABSL_GUARDED_BY(mu_) = false;
-  // The stream failed or the coordinator ended it: nothing more to write.
+  bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
+  // A Read failed: the coordinator ended the stream or the call failed.
+  bool read_over_ ABSL_GUARDED_BY(mu_) = false;
+  // That, or a write failed: nothing more to write.
   bool stream_over_ ABSL_GUARDED_BY(mu_) = false;
-  bool hold_released_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
   // From the latest membership; rank_ is -1 while not sealed, and from a
   // coordinator restart until the rejoin is accepted (sealed_rank_ keeps
   // it).
