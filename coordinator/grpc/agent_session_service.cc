@@ -322,8 +322,13 @@ void AgentSessionService::Start() {
     absl::MutexLock lock(&mu_);
     accepting_ = true;
   }
+  // Several requests per queue, each renewed as its stream arrives: a
+  // thousand agents reconnecting at once (a coordinator restart) are
+  // matched without each waiting for the previous one's handling.
   for (size_t i = 0; i < queues_->size(); ++i) {
-    AwaitNextCall(queues_->server_queue(i));
+    for (int k = 0; k < kRequestsPerQueue; ++k) {
+      AwaitNextCall(queues_->server_queue(i));
+    }
   }
   queues_->Start("baton-sessions");
 }

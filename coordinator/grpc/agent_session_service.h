@@ -61,6 +61,9 @@ class AgentSessionService final
   // One stream; defined in the .cc.
   class Call;
 
+  // Streams requested ahead on each queue.
+  static constexpr int kRequestsPerQueue = 16;
+
   // Requests the next stream on `queue`, unless Shutdown began.
   void AwaitNextCall(grpc::ServerCompletionQueue* queue)
       ABSL_LOCKS_EXCLUDED(mu_);
