@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<TcpRounds>> TcpRounds::Connect(
 }
 
 TcpRounds::TcpRounds(std::unique_ptr<RoundConnections> connections)
-    : connections_(std::move(connections)), messages_(connections_->size()) {
+    : ConnectedRounds(std::move(connections)), messages_(connections_->size()) {
   links_.reserve(connections_->size());
   for (int r = 0; r < connections_->size(); ++r) {
     links_.emplace_back(&connections_->link(r));

@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "agent/scheduler/negotiation_wire.h"
+#include "agent/transport/connected_rounds.h"
 #include "agent/transport/round_connections.h"
 #include "agent/transport/round_link.h"
 #include "agent/transport/tcp_link_pool.h"
@@ -45,7 +45,7 @@ namespace baton::agent {
 // A failure poisons the rounds and shuts down only the connection it came
 // from (all of them when the nodes disagree on a round's size), so that
 // survivors can keep the others through a re-form (tcp::LinkPool).
-class TcpRounds : public NegotiationWire {
+class TcpRounds : public ConnectedRounds {
  public:
   // Connects the rounds of `request` (request.count is ignored) through
   // request.store, listening on `address` (a numeric IP address of this
@@ -58,22 +58,13 @@ class TcpRounds : public NegotiationWire {
       const ConnectRequest& request, const std::string& address, Clock* clock,
       tcp::LinkPool* pool);
 
-  int rank() const override { return connections_->rank(); }
-  int size() const override { return connections_->size(); }
-
   absl::Status ExchangeMin(int64_t* data, size_t count,
                            const CollectiveOptions& options) override;
   absl::StatusOr<bool> AwaitRound(size_t count) override;
-  void Interrupt() override { connections_->Interrupt(); }
-  void Abort(const absl::Status& status) override {
-    connections_->Abort(status);
-  }
-  bool poisoned() const override { return connections_->poisoned(); }
 
  private:
   explicit TcpRounds(std::unique_ptr<RoundConnections> connections);
 
-  const std::unique_ptr<RoundConnections> connections_;
   // By node rank (unused for this node's own).
   std::vector<tcp::RoundLink> links_;
   // This node's count word and vector this round, sent to every peer.

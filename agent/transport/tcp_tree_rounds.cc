@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<TcpTreeRounds>> TcpTreeRounds::Connect(
 
 TcpTreeRounds::TcpTreeRounds(std::unique_ptr<RoundConnections> connections,
                              NegotiationTree tree)
-    : connections_(std::move(connections)), tree_(std::move(tree)) {
+    : ConnectedRounds(std::move(connections)), tree_(std::move(tree)) {
   const std::vector<int> ranks = tree_.Neighbours();
   neighbours_.reserve(ranks.size());
   for (const int r : ranks) {

@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "agent/scheduler/negotiation_tree.h"
-#include "agent/scheduler/negotiation_wire.h"
+#include "agent/transport/connected_rounds.h"
 #include "agent/transport/round_connections.h"
 #include "agent/transport/round_link.h"
 #include "agent/transport/round_notice.h"
@@ -61,7 +61,7 @@ namespace baton::agent {
 // round; a round is not acknowledged; a failure shuts down only the
 // connection it came from (Abort none), so that survivors can keep the
 // others through a re-form.
-class TcpTreeRounds : public NegotiationWire {
+class TcpTreeRounds : public ConnectedRounds {
  public:
   // How long a failing node tries to hand its notice to each neighbour.
   static constexpr std::chrono::milliseconds kNoticeTimeout{1000};
@@ -72,18 +72,11 @@ class TcpTreeRounds : public NegotiationWire {
       const ConnectRequest& request, int fanout, const std::string& address,
       Clock* clock, tcp::LinkPool* pool);
 
-  int rank() const override { return connections_->rank(); }
-  int size() const override { return connections_->size(); }
   const NegotiationTree& tree() const { return tree_; }
 
   absl::Status ExchangeMin(int64_t* data, size_t count,
                            const CollectiveOptions& options) override;
   absl::StatusOr<bool> AwaitRound(size_t count) override;
-  void Interrupt() override { connections_->Interrupt(); }
-  void Abort(const absl::Status& status) override {
-    connections_->Abort(status);
-  }
-  bool poisoned() const override { return connections_->poisoned(); }
 
  private:
   struct Neighbour {
@@ -122,7 +115,6 @@ class TcpTreeRounds : public NegotiationWire {
   // Sends `notice` to the neighbours but `except`, within kNoticeTimeout.
   void Tell(const RoundNotice& notice, int except);
 
-  const std::unique_ptr<RoundConnections> connections_;
   const NegotiationTree tree_;
   // The parent first, then the children.
   std::vector<Neighbour> neighbours_;
