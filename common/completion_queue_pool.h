@@ -21,6 +21,23 @@ class CompletionTag {
   ~CompletionTag() = default;
 };
 
+// The tag of one kind of operation on a stream (its reads, its writes, its
+// Finish): calls `owner->*on_complete(ok)`. gRPC allows one operation of
+// each kind in flight, so a stream keeps one such tag per kind inside
+// itself and reuses it; the owner outlives every operation it tagged.
+template <typename Owner>
+class MethodTag final : public CompletionTag {
+ public:
+  MethodTag(Owner* owner, void (Owner::*on_complete)(bool))
+      : owner_(owner), on_complete_(on_complete) {}
+
+  void Complete(bool ok) override { (owner_->*on_complete_)(ok); }
+
+ private:
+  Owner* const owner_;
+  void (Owner::*const on_complete_)(bool);
+};
+
 // Several gRPC completion queues, each drained by a thread of its own.
 //
 // Why not the callback API: it puts every operation of the process on one

@@ -33,19 +33,6 @@ grpc::ByteBuffer WireBytes(const OutboundMessage& message) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-// A completion tag that calls `Owner::*handler`.
-template <class Owner>
-class HandlerTag final : public CompletionTag {
- public:
-  HandlerTag(Owner* owner, void (Owner::*handler)(bool))
-      : owner_(owner), handler_(handler) {}
-  void Complete(bool ok) override { (owner_->*handler_)(ok); }
-
- private:
-  Owner* const owner_;
-  void (Owner::*const handler_)(bool);
-};
-
 // The outbound half of one stream: a queue with exactly one write in flight,
 // and the one place that decides when the stream is finished, so that Finish
 // is called exactly once and never while a write is outstanding.
@@ -283,11 +270,11 @@ class AgentSessionService::Call {
 
   grpc::ServerContext context_;
   SessionStream stream_{&context_};
-  HandlerTag<Call> arrived_tag_{this, &Call::OnArrived};
-  HandlerTag<Call> read_tag_{this, &Call::OnRead};
-  HandlerTag<Call> written_tag_{this, &Call::OnWritten};
-  HandlerTag<Call> finished_tag_{this, &Call::OnFinished};
-  HandlerTag<Call> done_tag_{this, &Call::OnDone};
+  MethodTag<Call> arrived_tag_{this, &Call::OnArrived};
+  MethodTag<Call> read_tag_{this, &Call::OnRead};
+  MethodTag<Call> written_tag_{this, &Call::OnWritten};
+  MethodTag<Call> finished_tag_{this, &Call::OnFinished};
+  MethodTag<Call> done_tag_{this, &Call::OnDone};
 
   // Set when the stream arrives; then constant.
   SessionId id_{0};

@@ -16,9 +16,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "baton/v1/coordinator.grpc.pb.h"
+#include "common/completion_queue_pool.h"
 #include "tools/bench/load_recorder.h"
 #include "tools/bench/membership_store.h"
-#include "tools/bench/stream_operation_tag.h"
 #include "tools/bench/ticker.h"
 
 namespace baton::bench {
@@ -120,9 +120,9 @@ class SimulatedAgent final {
   LoadRecorder* const recorder_;
   Ticker* const ticker_;
   MembershipStore* const memberships_;
-  StreamOperationTag<SimulatedAgent> read_tag_;
-  StreamOperationTag<SimulatedAgent> write_tag_;
-  StreamOperationTag<SimulatedAgent> finish_tag_;
+  MethodTag<SimulatedAgent> read_tag_;
+  MethodTag<SimulatedAgent> write_tag_;
+  MethodTag<SimulatedAgent> finish_tag_;
 
   // The current stream's; replaced (main thread) only between streams. The
   // stream lives in the context's call: declared after it, destroyed first.
