@@ -317,6 +317,16 @@ v1::ListJobsResponse Coordinator::ListJobs(
   return JobsPage(MemberPage::First());
 }
 
+v1::ListJobsResponse Coordinator::JobSummaries() const {
+  return JobsPage(MemberPage::None());
+}
+
+std::vector<int64_t> Coordinator::RankLags(const std::string& job) const {
+  return steps_.RankLags(job, clock_->Now(), [&](uint32_t id) {
+    return plans_.TensorName(job, id);
+  });
+}
+
 v1::ListJobsResponse Coordinator::JobsPage(const MemberPage& page) const {
   v1::ListJobsResponse response;
   for (const std::string& name : jobs_.JobNames()) {

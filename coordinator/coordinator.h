@@ -86,8 +86,12 @@ class Coordinator : private JobListener {
                                         const std::string& why);
   static constexpr size_t kMaxCancelReasonBytes = 1024;
 
-  // Metrics beyond the job status: agents with an open session (that said
-  // hello), and how long `job`'s sealed re-forms took.
+  // Metrics: every job's own fields without members (total_members counts
+  // them), each rank's lag, agents with an open session (that said hello),
+  // and how long `job`'s sealed re-forms took. Cheap enough for the loop at
+  // 10,000 members: no member is built.
+  v1::ListJobsResponse JobSummaries() const;
+  std::vector<int64_t> RankLags(const std::string& job) const;
   int ConnectedAgents() const;
   ReformHistogram ReformSeconds(const std::string& job) const;
   // Every MessageHandled since the coordinator started.

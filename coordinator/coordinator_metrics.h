@@ -28,9 +28,12 @@ class CoordinatorMetrics : public prometheus::Collectable {
   // What one scrape reads from the coordinator, on the loop thread.
   struct Snapshot {
     int connected_agents = 0;
+    // Each job's own fields, without members.
     v1::ListJobsResponse jobs;
     // By job name.
     absl::flat_hash_map<std::string, ReformHistogram> reform_seconds;
+    // By job name, of running jobs: each rank's lag, indexed by rank.
+    absl::flat_hash_map<std::string, std::vector<int64_t>> rank_lags;
     MessageHistogram message_seconds;
   };
 

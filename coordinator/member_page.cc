@@ -53,6 +53,8 @@ MemberPage MemberPage::First() {
   return MemberPage(kDefaultSize, /*unbounded=*/false);
 }
 
+MemberPage MemberPage::None() { return MemberPage(0, /*unbounded=*/false); }
+
 absl::StatusOr<MemberPage> MemberPage::FromRequest(
     const v1::GetJobRequest& request) {
   if (request.page_size() < 0) {

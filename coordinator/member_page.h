@@ -40,6 +40,8 @@ class MemberPage {
   static MemberPage All();
   // The first page of the default size (Status.ListJobs, for every job).
   static MemberPage First();
+  // No member: the job's own fields only (the metrics).
+  static MemberPage None();
   // The page `request` asks for: INVALID_ARGUMENT for a negative page_size
   // or a token that does not decode. Whether the token fits the job is
   // checked by Check.

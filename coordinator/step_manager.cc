@@ -38,6 +38,53 @@ void SortStalls(std::vector<v1::Stall>* stalls) {
             });
 }
 
+// Each rank's place, for lag: the furthest step it submitted (never below
+// one it completed), but one below the earliest stalled step it holds back.
+// The ranks waiting for it stay where they are. The furthest place is one
+// pass over the ranks.
+class RankPlaces {
+ public:
+  // `rank_steps` and `submitted_steps` (by rank) are the job's; `stalls`
+  // those in flight.
+  RankPlaces(const std::vector<int64_t>& rank_steps,
+             const std::vector<int64_t>& submitted_steps,
+             const std::vector<v1::Stall>& stalls)
+      : rank_steps_(rank_steps), submitted_steps_(submitted_steps) {
+    for (const v1::Stall& stall : stalls) {
+      for (int32_t rank : stall.missing_ranks()) {
+        auto [it, inserted] = caps_.try_emplace(rank, stall.step() - 1);
+        if (!inserted) it->second = std::min(it->second, stall.step() - 1);
+      }
+    }
+    for (size_t rank = 0; rank < rank_steps_.size(); ++rank) {
+      furthest_ = std::max(furthest_, Place(static_cast<int32_t>(rank)));
+    }
+  }
+
+  // The rank's completed step, lowered below a stalled step it holds back.
+  int64_t Completed(int32_t rank) const {
+    return Capped(rank, rank_steps_[rank]);
+  }
+  // Steps behind the furthest rank.
+  int64_t Lag(int32_t rank) const { return furthest_ - Place(rank); }
+
+ private:
+  int64_t Capped(int32_t rank, int64_t step) const {
+    if (caps_.empty()) return step;
+    auto it = caps_.find(rank);
+    return it == caps_.end() ? step : std::min(step, it->second);
+  }
+  int64_t Place(int32_t rank) const {
+    return Capped(rank, std::max(submitted_steps_[rank], rank_steps_[rank]));
+  }
+
+  const std::vector<int64_t>& rank_steps_;
+  const std::vector<int64_t>& submitted_steps_;
+  // A rank's cap: one below the earliest stalled step it holds back.
+  absl::flat_hash_map<int32_t, int64_t> caps_;
+  int64_t furthest_ = -1;
+};
+
 }  // namespace
 
 // One job's progress in its current generation.
@@ -400,31 +447,11 @@ void StepManager::FillStatus(const std::string& job_name, absl::Time now,
   }
   const JobSteps& job = *job_it->second;
   status->set_global_step(job.global_step);
-  // Each rank's place, for lag: the furthest step it submitted (never below
-  // one it completed), but one below the earliest stalled step it holds
-  // back. The ranks waiting for it stay where they are. Only the page's
-  // members are filled; the furthest place is one pass over the ranks.
-  absl::flat_hash_map<int32_t, int64_t> caps;
-  for (v1::Stall& stall : job.Stalls(now, stall_threshold_, tensor_name)) {
-    for (int32_t rank : stall.missing_ranks()) {
-      auto [it, inserted] = caps.try_emplace(rank, stall.step() - 1);
-      if (!inserted) it->second = std::min(it->second, stall.step() - 1);
-    }
-    *status->add_stalls() = std::move(stall);
-  }
-  const auto capped = [&caps](int32_t rank, int64_t step) {
-    if (caps.empty()) return step;
-    auto it = caps.find(rank);
-    return it == caps.end() ? step : std::min(step, it->second);
-  };
-  const auto place = [&](int32_t rank) {
-    return capped(rank,
-                  std::max(job.submitted_steps[rank], job.rank_steps[rank]));
-  };
-  int64_t furthest = -1;
-  for (size_t rank = 0; rank < job.rank_steps.size(); ++rank) {
-    furthest = std::max(furthest, place(static_cast<int32_t>(rank)));
-  }
+  std::vector<v1::Stall> stalls =
+      job.Stalls(now, stall_threshold_, tensor_name);
+  const RankPlaces places(job.rank_steps, job.submitted_steps, stalls);
+  for (v1::Stall& stall : stalls) *status->add_stalls() = std::move(stall);
+  // Only the page's members are filled.
   for (v1::MemberStatus& member : *status->mutable_members()) {
     auto node_it = job.nodes.find(member.node_name());
     if (node_it == job.nodes.end()) continue;
@@ -434,8 +461,8 @@ void StepManager::FillStatus(const std::string& job_name, absl::Time now,
          rank < node.rank_offset + node.local_size; ++rank) {
       v1::RankStatus* rank_status = member.add_ranks();
       rank_status->set_rank(rank);
-      rank_status->set_completed_step(capped(rank, job.rank_steps[rank]));
-      rank_status->set_lag(furthest - place(rank));
+      rank_status->set_completed_step(places.Completed(rank));
+      rank_status->set_lag(places.Lag(rank));
     }
     if (node.has_report) {
       const v1::AgentStats& stats = node.report.stats();
@@ -451,6 +478,21 @@ void StepManager::FillStatus(const std::string& job_name, absl::Time now,
       member.set_credit_tuned(stats.credit_tuned());
     }
   }
+}
+
+std::vector<int64_t> StepManager::RankLags(
+    const std::string& job_name, absl::Time now,
+    const TensorNameFn& tensor_name) const {
+  auto job_it = jobs_.find(job_name);
+  if (job_it == jobs_.end()) return {};
+  const JobSteps& job = *job_it->second;
+  const RankPlaces places(job.rank_steps, job.submitted_steps,
+                          job.Stalls(now, stall_threshold_, tensor_name));
+  std::vector<int64_t> lags(job.rank_steps.size());
+  for (size_t rank = 0; rank < lags.size(); ++rank) {
+    lags[rank] = places.Lag(static_cast<int32_t>(rank));
+  }
+  return lags;
 }
 
 void StepManager::RemoveJob(const std::string& job) { jobs_.erase(job); }

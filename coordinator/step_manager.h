@@ -73,6 +73,12 @@ class StepManager {
   void FillStatus(const std::string& job, absl::Time now,
                   const TensorNameFn& tensor_name, v1::JobStatus* status) const;
 
+  // Every rank's lag (indexed by rank), as FillStatus gives it, without
+  // building the members: O(ranks + pending operations). Empty for a job
+  // without a sealed generation.
+  std::vector<int64_t> RankLags(const std::string& job, absl::Time now,
+                                const TensorNameFn& tensor_name) const;
+
   void RemoveJob(const std::string& job);
 
  private:

@@ -3,7 +3,17 @@
 // trip in steady state, how long the job's whole status (every page of
 // Status.GetJob) takes meanwhile, errors, and (given its pid) the
 // coordinator's memory and CPU. With --restart_file, also how long every
-// agent takes to rejoin a restarted coordinator.
+// agent takes to rejoin a restarted coordinator. With --coordinator_metrics,
+// how long the coordinator took to handle the agents' messages in steady
+// state: its baton_agent_message_seconds histogram, scraped at the window's
+// start and end.
+//
+// The agents send what real ones send: a step report every report interval
+// once sealed, and a heartbeat only after a heartbeat interval without any
+// other message (agent/coordinator_client.cc), so a sealed job sends no
+// heartbeats. Every --probe_every'th agent heartbeats regardless, to time
+// the round trip; --heartbeats=always makes every agent do so (as this
+// generator did before, half again as many messages as real agents).
 //
 // Each agent is one AgentSession stream (on gRPC's async API, with its own
 // outbound queue and one write in flight); agents are spread over several
@@ -25,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +50,7 @@
 #include "baton/v1/status.grpc.pb.h"
 #include "common/completion_queue_pool.h"
 #include "common/init.h"
+#include "common/metrics_scrape.h"
 #include "common/tls.h"
 #include "common/tls_flags.h"
 #include "tools/bench/load_recorder.h"
@@ -77,6 +89,18 @@ DEFINE_int32(completion_queues, 8,
              "are spread over, agent i on queue i % N. Debian's libgrpc "
              "searches a queue's outstanding operations linearly on every "
              "completion: more queues, shorter searches");
+DEFINE_string(heartbeats, "idle",
+              "\"idle\": an agent heartbeats only when it sent nothing else "
+              "for the heartbeat interval, as a real agent does (none while "
+              "it reports), except the --probe_every'th; \"always\": every "
+              "agent heartbeats at every interval beside its reports");
+DEFINE_int32(probe_every, 20,
+             "With --heartbeats=idle, agent i heartbeats at every interval "
+             "when i % N == 0, to time the round trip (0: no probes)");
+DEFINE_string(coordinator_metrics, "",
+              "The coordinator's /metrics URL (what it prints as \"metrics "
+              "on URL\"): its message-handling histogram is scraped at the "
+              "steady state's start and end and reported");
 DEFINE_int32(expected_nodes, 0,
              "The job's expected_nodes (0: --nodes). Above --nodes the job "
              "never seals: the steady state then measures heartbeats and "
@@ -225,6 +249,26 @@ void Collect(const LoadRecorder& recorder, const Ticker& ticker, Results* r) {
   r->client_cpu_s = OwnCpuSeconds();
 }
 
+// The coordinator's baton_agent_message_seconds now, from
+// --coordinator_metrics; nullopt (said on stderr) without it or on failure.
+std::optional<ScrapedHistogram> ScrapeHandling() {
+  if (FLAGS_coordinator_metrics.empty()) return std::nullopt;
+  absl::StatusOr<std::string> text =
+      HttpGet(FLAGS_coordinator_metrics, kReachTimeout);
+  absl::StatusOr<ScrapedHistogram> histogram =
+      text.ok() ? ParseHistogram(*text, "baton_agent_message_seconds")
+                : text.status();
+  if (!histogram.ok()) {
+    std::fprintf(stderr,
+                 "baton-coordinator-load: cannot read the coordinator's "
+                 "message handling from %s (--coordinator_metrics): %s\n",
+                 FLAGS_coordinator_metrics.c_str(),
+                 std::string(histogram.status().message()).c_str());
+    return std::nullopt;
+  }
+  return *std::move(histogram);
+}
+
 // Ends every stream still open and waits for them. A stream that does not
 // end makes destroying its agent unsafe, so the process then exits at once.
 void CancelAll(std::vector<std::unique_ptr<SimulatedAgent>>& agents,
@@ -266,6 +310,14 @@ int Main(int argc, char** argv) {
                  "baton-coordinator-load: --expected_nodes must be 0 or in "
                  "--nodes..100000, and the restart scenario needs a sealed "
                  "job (--expected_nodes 0)\n");
+    return 2;
+  }
+  if ((FLAGS_heartbeats != "idle" && FLAGS_heartbeats != "always") ||
+      FLAGS_probe_every < 0) {
+    std::fprintf(stderr,
+                 "baton-coordinator-load: --heartbeats must be \"idle\" or "
+                 "\"always\" (got \"%s\") and --probe_every 0 or more\n",
+                 FLAGS_heartbeats.c_str());
     return 2;
   }
   const int32_t expected_nodes =
@@ -327,11 +379,15 @@ int Main(int argc, char** argv) {
     agents[agent]->OnTimer(kind);
   });
   for (int i = 0; i < FLAGS_nodes; ++i) {
+    const bool probe = FLAGS_heartbeats == "always" ||
+                       (FLAGS_probe_every > 0 && i % FLAGS_probe_every == 0);
+    results.probes += probe ? 1 : 0;
     agents.push_back(std::make_unique<SimulatedAgent>(
         i, expected_nodes, FLAGS_job, queues.queue(i % queues.size()),
-        &recorder, &ticker,
+        &recorder, &ticker, probe,
         FLAGS_restart_file.empty() ? nullptr : &memberships));
   }
+
 
   // Sessions: every Hello answered before the first JoinJob.
   const absl::Time start = absl::Now();
@@ -408,6 +464,7 @@ int Main(int argc, char** argv) {
       join_start);
 
   // Steady state: heartbeats sent from now on are measured.
+  const std::optional<ScrapedHistogram> handled_before = ScrapeHandling();
   const absl::Time window_end =
       recorder.OpenWindow(absl::Seconds(FLAGS_duration_s));
   if (FLAGS_status_interval_ms > 0) {
@@ -420,6 +477,17 @@ int Main(int argc, char** argv) {
     absl::SleepFor(window_end - absl::Now());
   }
   results.coordinator = SampleProcess(FLAGS_coordinator_pid);
+  if (const std::optional<ScrapedHistogram> handled_after = ScrapeHandling();
+      handled_before.has_value() && handled_after.has_value()) {
+    absl::StatusOr<ScrapedHistogram> handled =
+        handled_after->Since(*handled_before);
+    if (handled.ok()) {
+      results.handling = *std::move(handled);
+    } else {
+      std::fprintf(stderr, "baton-coordinator-load: %s\n",
+                   std::string(handled.status().message()).c_str());
+    }
+  }
   if (results.coordinator.ok) {
     results.steady_cpu_pct =
         100 * (results.coordinator.cpu_s - after_seal.cpu_s) / FLAGS_duration_s;

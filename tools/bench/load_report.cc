@@ -41,9 +41,10 @@ void PrintResults(const Results& r, const ReportContext& context, FILE* human) {
   }
   if (r.sealed || r.forming) {
     std::fprintf(human,
-                 "  heartbeat round trip in steady state: p50 %.2f ms, p99 "
-                 "%.2f ms, max %.2f ms (%lld samples, %lld unanswered)\n",
-                 p50, p99, max, samples,
+                 "  heartbeat round trip in steady state (%d agents "
+                 "heartbeating): p50 %.2f ms, p99 %.2f ms, max %.2f ms (%lld "
+                 "samples, %lld unanswered)\n",
+                 r.probes, p50, p99, max, samples,
                  static_cast<long long>(r.window_heartbeats) - samples);
   } else {
     std::fprintf(human,
@@ -82,6 +83,18 @@ void PrintResults(const Results& r, const ReportContext& context, FILE* human) {
                    r.steady_cpu_pct);
     }
     std::fprintf(human, "\n");
+  }
+  const double handling_p50 = r.handling.Quantile(0.5).value_or(-1);
+  const double handling_p99 = r.handling.Quantile(0.99).value_or(-1);
+  const double within_10ms = r.handling.FractionAtMost(0.01).value_or(-1);
+  if (r.handling.total() > 0) {
+    std::fprintf(human,
+                 "  the coordinator's message handling in steady state "
+                 "(baton_agent_message_seconds, %llu messages): p50 %.2f ms, "
+                 "p99 %.2f ms (interpolated in its buckets), %.2f%% within "
+                 "10 ms\n",
+                 static_cast<unsigned long long>(r.handling.total()),
+                 handling_p50 * 1000, handling_p99 * 1000, 100 * within_10ms);
   }
   const StatusProbe::Summary& st = r.status;
   if (st.fetches > 0) {
@@ -130,7 +143,9 @@ void PrintResults(const Results& r, const ReportContext& context, FILE* human) {
       "\"errors\":%lld,\"error_messages\":%lld,\"stream_failures\":%lld,"
       "\"clean_closes\":%lld,\"aborted_generations\":%lld,\"rss_mib\":%.1f,"
       "\"hwm_mib\":%.1f,\"cpu_s\":%.2f,\"steady_cpu_pct\":%.1f,"
-      "\"client_cpu_s\":%.2f,",
+      "\"client_cpu_s\":%.2f,\"probes\":%d,\"handled_messages\":%llu,"
+      "\"handling_p50_ms\":%.3f,\"handling_p99_ms\":%.3f,"
+      "\"handling_within_10ms\":%.4f,",
       r.nodes, r.channels, context.duration_s, r.forming ? "true" : "false",
       r.sealed ? "true" : "false", r.memberships, r.accept_s, r.seal_s,
       r.coordinator_seal_s, r.seal_coordinator_cpu_s, r.seal_client_cpu_s,
@@ -142,7 +157,10 @@ void PrintResults(const Results& r, const ReportContext& context, FILE* human) {
       static_cast<long long>(c.clean_closes),
       static_cast<long long>(c.aborted_generations), r.coordinator.rss_mib,
       r.coordinator.hwm_mib, r.coordinator.cpu_s, r.steady_cpu_pct,
-      r.client_cpu_s);
+      r.client_cpu_s, r.probes,
+      static_cast<unsigned long long>(r.handling.total()),
+      r.handling.total() > 0 ? handling_p50 * 1000 : -1,
+      r.handling.total() > 0 ? handling_p99 * 1000 : -1, within_10ms);
   std::printf(
       "\"status_fetches\":%d,\"status_failures\":%d,\"status_pages\":%d,"
       "\"status_members\":%d,\"status_kib\":%.1f,\"status_p50_ms\":%.2f,"

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/metrics_scrape.h"
 #include "tools/bench/load_recorder.h"
 #include "tools/bench/process_sample.h"
 #include "tools/bench/rejoin_after_restart.h"
@@ -30,6 +31,8 @@ struct Results {
   double seal_coordinator_cpu_s = -1;
   // --expected_nodes above --nodes: the job forms and never seals.
   bool forming = false;
+  // Agents that heartbeat at every interval (their round trips are timed).
+  int probes = 0;
   std::vector<int64_t> round_trips_us;  // Sorted.
   int64_t window_heartbeats = 0;
   double ticker_lag_ms = 0;
@@ -39,6 +42,9 @@ struct Results {
   double steady_cpu_pct = -1;
   double client_cpu_s = 0;
   StatusProbe::Summary status;
+  // The coordinator's handling of the steady state's messages (empty
+  // without --coordinator_metrics).
+  ScrapedHistogram handling;
   RestartResults restart;
 };
 

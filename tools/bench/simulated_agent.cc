@@ -42,7 +42,7 @@ google::protobuf::ArenaOptions ReadArenaOptions() {
 SimulatedAgent::SimulatedAgent(int32_t index, int32_t nodes, std::string job,
                                grpc::CompletionQueue* queue,
                                LoadRecorder* recorder, Ticker* ticker,
-                               MembershipStore* memberships)
+                               bool probe, MembershipStore* memberships)
     : index_(index),
       nodes_(nodes),
       job_(std::move(job)),
@@ -52,6 +52,7 @@ SimulatedAgent::SimulatedAgent(int32_t index, int32_t nodes, std::string job,
       recorder_(recorder),
       ticker_(ticker),
       memberships_(memberships),
+      probe_(probe),
       read_tag_(this, &SimulatedAgent::OnReadDone),
       write_tag_(this, &SimulatedAgent::OnWriteDone),
       finish_tag_(this, &SimulatedAgent::OnFinishDone),
@@ -137,6 +138,8 @@ void SimulatedAgent::Leave() {
 void SimulatedAgent::OnTimer(TimerKind kind) {
   v1::AgentMessage message;
   if (kind == TimerKind::kHeartbeat) {
+    absl::MutexLock lock(&mu_);
+    if (!probe_ && absl::Now() - last_sent_ < heartbeat_interval_) return;
     // Stamped when its write starts (Advance).
     message.mutable_heartbeat();
   } else {
@@ -296,6 +299,8 @@ void SimulatedAgent::HandleSessionAccepted(
     absl::MutexLock lock(&mu_);
     start_timers = !timers_started_;
     timers_started_ = true;
+    heartbeat_interval_ = absl::Milliseconds(
+        std::max<int64_t>(1, accepted.heartbeat_interval_ms()));
     reconnected = reconnected_;
     if (reconnected && membership_ != nullptr) {
       // What agent/job_membership.cc re-reports on a new session.
@@ -355,6 +360,7 @@ void SimulatedAgent::Send(v1::AgentMessage message) {
     if (finish_started_ || leaving_ || stream_over_) return;
     message.set_seq(++seq_);
     outbound_.push_back(std::move(message));
+    last_sent_ = absl::Now();
     next = Advance();
   }
   StartOperation(std::move(next));

@@ -24,7 +24,10 @@
 namespace baton::bench {
 
 // One simulated agent: Hello, JoinJob, then heartbeats and step reports
-// until Leave. After a coordinator restart (Reconnect) it opens a new
+// until Leave. As a real agent (agent/coordinator_client.cc), it sends a
+// heartbeat only when it sent nothing else for the coordinator's heartbeat
+// interval, so a sealed agent reporting every second sends none; a
+// `probe` heartbeats at every interval regardless, to time the round trip. After a coordinator restart (Reconnect) it opens a new
 // stream and, as a real agent does (agent/job_membership.cc), re-reports
 // the generation it runs in a RejoinJob: the membership it received, its
 // completed step. Owned by main; it must outlive the end of its stream
@@ -59,7 +62,8 @@ class SimulatedAgent final {
   // coordinator restart.
   SimulatedAgent(int32_t index, int32_t nodes, std::string job,
                  grpc::CompletionQueue* queue, LoadRecorder* recorder,
-                 Ticker* ticker, MembershipStore* memberships = nullptr);
+                 Ticker* ticker, bool probe,
+                 MembershipStore* memberships = nullptr);
 
   SimulatedAgent(const SimulatedAgent&) = delete;
   SimulatedAgent& operator=(const SimulatedAgent&) = delete;
@@ -77,7 +81,9 @@ class SimulatedAgent final {
   void Leave();
   // From the main thread.
   void Cancel() { context_->TryCancel(); }
-  // Sends a heartbeat, or a step report once the agent has a rank.
+  // Sends a heartbeat (a probe's always, another's only when nothing was
+  // sent for the heartbeat interval), or a step report once the agent has a
+  // rank.
   void OnTimer(TimerKind kind);
 
  private:
@@ -120,6 +126,7 @@ class SimulatedAgent final {
   LoadRecorder* const recorder_;
   Ticker* const ticker_;
   MembershipStore* const memberships_;
+  const bool probe_;
   MethodTag<SimulatedAgent> read_tag_;
   MethodTag<SimulatedAgent> write_tag_;
   MethodTag<SimulatedAgent> finish_tag_;
@@ -146,6 +153,9 @@ class SimulatedAgent final {
   // Finish).
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // The coordinator's, from SessionAccepted; when a message was last queued.
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_sent_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool leaving_ ABSL_GUARDED_BY(mu_) = false;
   bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
   // A Read failed: the coordinator ended the stream or the call failed.
