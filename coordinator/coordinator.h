@@ -74,6 +74,9 @@ class Coordinator : private JobListener {
   v1::ListJobsResponse ListJobs(const v1::ListJobsRequest& request) const;
   absl::StatusOr<v1::JobStatus> GetJob(const std::string& job) const;
   absl::StatusOr<v1::JobStatus> GetJob(const v1::GetJobRequest& request) const;
+  // `job`'s status with the members `page` selects (JobPageBuilder's).
+  absl::StatusOr<v1::JobStatus> JobStatusPage(const std::string& job,
+                                              const MemberPage& page) const;
 
   // Admin API. Ends `job` as failed with the reason "cancelled by <who>:
   // <why>" (just "cancelled by <who>" without `why`), through the path of
@@ -135,9 +138,6 @@ class Coordinator : private JobListener {
 
   // Every job, each with the members `page` selects (from its start).
   v1::ListJobsResponse JobsPage(const MemberPage& page) const;
-  // `job`'s status with the members `page` selects.
-  absl::StatusOr<v1::JobStatus> JobStatusPage(const std::string& job,
-                                              const MemberPage& page) const;
   // OK when `scope` names the sealed current generation of a running job
   // and `caller` (when verified) names one of its members.
   absl::Status CheckStoreCaller(const v1::StoreScope& scope,

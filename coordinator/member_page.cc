@@ -103,6 +103,26 @@ absl::StatusOr<MemberPage> MemberPage::FromRequest(
   return page;
 }
 
+absl::StatusOr<MemberPage> MemberPage::Chunk(const std::string& job,
+                                             int32_t size, size_t max_bytes,
+                                             const std::string& token,
+                                             bool first) const {
+  MemberPage chunk = *this;
+  if (!token.empty()) {
+    v1::GetJobRequest request;
+    request.set_job(job);
+    request.set_page_token(token);
+    absl::StatusOr<MemberPage> after = FromRequest(request);
+    if (!after.ok()) return after.status();
+    chunk = *std::move(after);
+  }
+  chunk.size_ = size;
+  chunk.unbounded_ = false;
+  chunk.max_bytes_ = max_bytes;
+  chunk.keep_first_ = first;
+  return chunk;
+}
+
 absl::Status MemberPage::Check(const v1::JobStatus& status) const {
   if (!has_cursor_ || (generation_ == status.generation() &&
                        state_ == static_cast<int32_t>(status.state()))) {
@@ -127,7 +147,7 @@ void MemberPage::Finish(bool more, v1::JobStatus* status) const {
     size_t bytes = 0;
     for (int i = 0; i < members->size(); ++i) {
       bytes += members->Get(i).ByteSizeLong();
-      if (bytes > kMaxBytes && i > 0) {
+      if (bytes > max_bytes_ && (i > 0 || !keep_first_)) {
         members->DeleteSubrange(i, members->size() - i);
         more = true;
         break;

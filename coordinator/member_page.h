@@ -48,6 +48,16 @@ class MemberPage {
   static absl::StatusOr<MemberPage> FromRequest(
       const v1::GetJobRequest& request);
 
+  // A part of this page, for building it a chunk at a time (JobPageBuilder):
+  // at most `size` members, ending early once they serialize to
+  // `max_bytes`, after the member `token` (the previous chunk's
+  // next_page_token; empty: where this page starts). `first` when it may
+  // hold the page's first member, which a page keeps whatever its size.
+  // Errors as FromRequest's for a bad token.
+  absl::StatusOr<MemberPage> Chunk(const std::string& job, int32_t size,
+                                   size_t max_bytes, const std::string& token,
+                                   bool first) const;
+
   // `status` holds the job's own fields (its generation and state): ABORTED
   // for a token of another generation or state, whose order no longer
   // holds.
@@ -78,6 +88,10 @@ class MemberPage {
   int32_t size_;
   // All(): no size or byte limit.
   bool unbounded_;
+  // Otherwise the page ends once its members serialize to this many bytes,
+  // keeping its first member (unless keep_first_ is false) whatever its size.
+  size_t max_bytes_ = kMaxBytes;
+  bool keep_first_ = true;
   // From the token; none on the first page.
   bool has_cursor_ = false;
   std::string token_;

@@ -1,5 +1,6 @@
 #include "coordinator/grpc/status_service.h"
 
+#include <memory>
 #include <utility>
 
 #include "common/grpc_util.h"
@@ -42,8 +43,27 @@ grpc::ServerUnaryReactor* StatusService::ListJobs(
 grpc::ServerUnaryReactor* StatusService::GetJob(
     grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
     v1::JobStatus* response) {
-  return AnswerOnLoop(context, response, [coordinator = coordinator_, request] {
-    return coordinator->GetJob(*request);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  BuildPage(std::make_shared<JobPageBuilder>(*request), response, reactor);
+  return reactor;
+}
+
+void StatusService::BuildPage(std::shared_ptr<JobPageBuilder> builder,
+                              v1::JobStatus* response,
+                              grpc::ServerUnaryReactor* reactor) {
+  // One chunk per task: the agents' messages posted meanwhile run between.
+  loop_->Post([this, builder = std::move(builder), response, reactor]() {
+    if (!builder->Step(*coordinator_)) {
+      BuildPage(builder, response, reactor);
+      return;
+    }
+    absl::StatusOr<v1::JobStatus> page = builder->Take();
+    if (!page.ok()) {
+      reactor->Finish(ToGrpcStatus(page.status()));
+      return;
+    }
+    *response = *std::move(page);
+    reactor->Finish(grpc::Status::OK);
   });
 }
 

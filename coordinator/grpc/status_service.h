@@ -2,9 +2,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <memory>
+
 #include "baton/v1/status.grpc.pb.h"
 #include "coordinator/control_loop.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/job_page_builder.h"
 
 namespace baton::coordinator {
 
@@ -36,6 +39,10 @@ class StatusService final : public v1::Status::CallbackService {
   template <typename Response, typename Compute>
   grpc::ServerUnaryReactor* AnswerOnLoop(grpc::CallbackServerContext* context,
                                          Response* response, Compute compute);
+
+  // Posts the page's next chunk to the loop; the last one finishes the call.
+  void BuildPage(std::shared_ptr<JobPageBuilder> builder,
+                 v1::JobStatus* response, grpc::ServerUnaryReactor* reactor);
 
   // Constant after construction.
   ControlLoop* const loop_;

@@ -1,7 +1,7 @@
 // Status.GetJob's paging of a job's members (AIP-158): every member exactly
 // once across the pages, in node-rank order; the default and maximum page
 // sizes; refused page tokens; a membership that changes between pages;
-// ListJobs's first pages.
+// ListJobs's first pages; a page built a chunk at a time (JobPageBuilder).
 #include <string>
 #include <vector>
 
@@ -9,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/job_page_builder.h"
 #include "coordinator/member_page.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -47,6 +48,40 @@ class CoordinatorPagingTest : public CoordinatorTest {
       pages.push_back(*std::move(page));
     } while (!token.empty());
     return pages;
+  }
+
+  // Every page of `job`, `size` members at a time, each built by a
+  // JobPageBuilder `chunk` members per step; `steps` counts the steps.
+  std::vector<v1::JobStatus> AllPagesInChunks(const std::string& job,
+                                              int32_t size, int32_t chunk,
+                                              int* steps) {
+    std::vector<v1::JobStatus> pages;
+    std::string token;
+    do {
+      v1::GetJobRequest request;
+      request.set_job(job);
+      request.set_page_size(size);
+      request.set_page_token(token);
+      JobPageBuilder builder(request, chunk);
+      for (++*steps; !builder.Step(*coordinator_); ++*steps) {
+      }
+      absl::StatusOr<v1::JobStatus> page = builder.Take();
+      EXPECT_TRUE(page.ok()) << page.status();
+      if (!page.ok() || pages.size() > 1000) break;
+      token = page->next_page_token();
+      pages.push_back(*std::move(page));
+    } while (!token.empty());
+    return pages;
+  }
+
+  // Pages compared whole, each field of every member included.
+  static std::vector<std::string> Serialized(
+      const std::vector<v1::JobStatus>& pages) {
+    std::vector<std::string> serialized;
+    for (const v1::JobStatus& page : pages) {
+      serialized.push_back(page.SerializeAsString());
+    }
+    return serialized;
   }
 
   static std::vector<std::string> Names(
@@ -254,6 +289,82 @@ TEST_F(CoordinatorPagingTest, APageEndsEarlyWhenItsMembersAreLarge) {
   }
   EXPECT_THAT(Names(pages), SizeIs(8));
   EXPECT_EQ(Names(pages), Names({Status("job")}));
+}
+
+TEST_F(CoordinatorPagingTest, APageBuiltInChunksIsThePageBuiltAtOnce) {
+  std::vector<Agent> agents = JoinNodes("job", std::vector<int>(25, 2));
+  for (const int32_t size : {1, 7, 25, 0}) {
+    for (const int32_t chunk : {1, 3, 250}) {
+      int steps = 0;
+      const std::vector<v1::JobStatus> chunked =
+          AllPagesInChunks("job", size, chunk, &steps);
+      EXPECT_EQ(Serialized(chunked),
+                Serialized(AllPages("job", size == 0 ? 1000 : size)))
+          << "pages of " << size << ", chunks of " << chunk;
+      // One step per chunk: the last page's may be short.
+      const int32_t page = size == 0 ? 25 : size;
+      const int32_t chunks_per_page = (std::min(page, 25) + chunk - 1) / chunk;
+      EXPECT_LE(steps, static_cast<int>(chunked.size()) * chunks_per_page)
+          << "pages of " << size << ", chunks of " << chunk;
+      EXPECT_GE(steps, static_cast<int>(chunked.size()));
+    }
+  }
+}
+
+TEST_F(CoordinatorPagingTest, APageBuiltInChunksEndsEarlyAtTheSameMember) {
+  std::vector<Agent> agents = JoinNodes("job", std::vector<int>(8, 1));
+  // Half a MiB of tensor latencies per node: four fill a page's bytes.
+  for (Agent& agent : agents) {
+    v1::AgentMessage message;
+    v1::StepReport* report = message.mutable_step_report();
+    report->set_job("job");
+    report->set_generation(1);
+    for (uint32_t id = 0; id < 30000; ++id) {
+      v1::TensorLatency* l = report->mutable_stats()->add_tensor_latencies();
+      l->set_tensor_id(id);
+      l->set_mean_us(100000);
+    }
+    Send(agent, message);
+  }
+  int steps = 0;
+  const std::vector<v1::JobStatus> chunked =
+      AllPagesInChunks("job", 8, 3, &steps);
+  ASSERT_GT(chunked.size(), 1u);
+  EXPECT_EQ(Serialized(chunked), Serialized(AllPages("job", 8)));
+}
+
+TEST_F(CoordinatorPagingTest, AJobThatChangesBetweenChunksGetsItsPageAgain) {
+  std::vector<Agent> agents = JoinNodes("job", {1, 1, 1, 1});
+  v1::GetJobRequest request;
+  request.set_job("job");
+  JobPageBuilder builder(request, /*chunk_members=*/1);
+  ASSERT_FALSE(builder.Step(*coordinator_));
+  // n3 is lost between two chunks: generation 1 ends, and the page is
+  // built again from its start, of the re-forming job.
+  coordinator_->OnSessionClosed(agents[3].id, "crashed");
+  int steps = 1;
+  while (!builder.Step(*coordinator_) && steps < 100) ++steps;
+  absl::StatusOr<v1::JobStatus> page = builder.Take();
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->SerializeAsString(), Status("job").SerializeAsString());
+  EXPECT_NE(page->state(), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(page->members(), SizeIs(3));
+}
+
+TEST_F(CoordinatorPagingTest, AChunkedPageRefusesWhatThePageAtOnceRefuses) {
+  JoinNodes("job", {1, 1});
+  v1::GetJobRequest request;
+  request.set_job("job");
+  request.set_page_token("not a token!");
+  JobPageBuilder bad_token(request, 1);
+  EXPECT_TRUE(bad_token.Step(*coordinator_));
+  EXPECT_EQ(bad_token.Take().status().code(),
+            absl::StatusCode::kInvalidArgument);
+  request.clear_page_token();
+  request.set_job("unknown");
+  JobPageBuilder unknown(request, 1);
+  EXPECT_TRUE(unknown.Step(*coordinator_));
+  EXPECT_EQ(unknown.Take().status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CoordinatorPagingTest, RefusesTokensItDidNotIssueForTheJob) {
