@@ -384,8 +384,14 @@ absl::StatusOr<v1::JobStatus> Coordinator::JobStatusPage(
 
 absl::StatusOr<v1::TensorsStatus> Coordinator::GetTensors(
     const std::string& job) const {
-  absl::StatusOr<v1::JobStatus> status = GetJob(job);
-  if (!status.ok()) return status.status();
+  // NOT_FOUND for an unknown job. The members' latencies are summed where
+  // they are kept, not copied into member statuses first.
+  v1::JobStatus status;
+  if (absl::StatusOr<bool> found =
+          jobs_.FillStatus(job, MemberPage::None(), &status);
+      !found.ok()) {
+    return found.status();
+  }
   v1::TensorsStatus tensors;
   tensors.set_job(job);
   const v1::TensorPlan* plan = plans_.Plan(job);
@@ -393,20 +399,8 @@ absl::StatusOr<v1::TensorsStatus> Coordinator::GetTensors(
   tensors.set_plan_version(plan->version());
   tensors.set_partition_bytes(plan->partition_bytes());
   // Latencies summed over the members (a count-weighted mean).
-  struct Latency {
-    int64_t count = 0;
-    int64_t total_us = 0;
-    int64_t max_us = 0;
-  };
-  absl::flat_hash_map<uint32_t, Latency> latencies;
-  for (const v1::MemberStatus& member : status->members()) {
-    for (const v1::TensorLatency& l : member.tensor_latencies()) {
-      Latency& sum = latencies[l.tensor_id()];
-      sum.count += l.count();
-      sum.total_us += l.mean_us() * l.count();
-      sum.max_us = std::max(sum.max_us, l.max_us());
-    }
-  }
+  const absl::flat_hash_map<uint32_t, StepManager::TensorLatencySum>
+      latencies = steps_.TensorLatencies(job);
   std::vector<const v1::TensorPlanEntry*> entries;
   for (const v1::TensorPlanEntry& entry : plan->tensors()) {
     entries.push_back(&entry);

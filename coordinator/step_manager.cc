@@ -495,6 +495,23 @@ std::vector<int64_t> StepManager::RankLags(
   return lags;
 }
 
+absl::flat_hash_map<uint32_t, StepManager::TensorLatencySum>
+StepManager::TensorLatencies(const std::string& job_name) const {
+  absl::flat_hash_map<uint32_t, TensorLatencySum> sums;
+  auto job_it = jobs_.find(job_name);
+  if (job_it == jobs_.end()) return sums;
+  for (const auto& [name, node] : job_it->second->nodes) {
+    if (!node.has_report) continue;
+    for (const v1::TensorLatency& l : node.report.stats().tensor_latencies()) {
+      TensorLatencySum& sum = sums[l.tensor_id()];
+      sum.count += l.count();
+      sum.total_us += l.mean_us() * l.count();
+      sum.max_us = std::max(sum.max_us, l.max_us());
+    }
+  }
+  return sums;
+}
+
 void StepManager::RemoveJob(const std::string& job) { jobs_.erase(job); }
 
 }  // namespace baton::coordinator

@@ -79,6 +79,17 @@ class StepManager {
   std::vector<int64_t> RankLags(const std::string& job, absl::Time now,
                                 const TensorNameFn& tensor_name) const;
 
+  // One tensor's latency summed over the members' last reports.
+  struct TensorLatencySum {
+    int64_t count = 0;
+    int64_t total_us = 0;  // mean_us * count, summed
+    int64_t max_us = 0;
+  };
+  // By tensor id, over every member's last report: O(members x tensors
+  // reported), without building the members' statuses.
+  absl::flat_hash_map<uint32_t, TensorLatencySum> TensorLatencies(
+      const std::string& job) const;
+
   void RemoveJob(const std::string& job);
 
  private:
