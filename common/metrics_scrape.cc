@@ -119,13 +119,13 @@ absl::StatusOr<ScrapedHistogram> ParseHistogram(const std::string& text,
         end != absl::string_view::npos &&
         (le == "+Inf" ? (bound = std::numeric_limits<double>::infinity(), true)
                       : absl::SimpleAtod(le, &bound)) &&
-        absl::SimpleAtod(line.substr(end + 3, line.find(' ', end + 3) -
-                                                   (end + 3)),
-                         &count) &&
+        absl::SimpleAtod(
+            line.substr(end + 3, line.find(' ', end + 3) - (end + 3)),
+            &count) &&
         count >= 0 && std::isfinite(count);
-    if (!parsed || (!histogram.bounds.empty() &&
-                    (bound <= histogram.bounds.back() ||
-                     count < histogram.counts.back()))) {
+    if (!parsed ||
+        (!histogram.bounds.empty() && (bound <= histogram.bounds.back() ||
+                                       count < histogram.counts.back()))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "malformed bucket of histogram ", name, ": \"", line,
           "\" (buckets must have ascending bounds and cumulative counts)"));

@@ -399,8 +399,8 @@ absl::StatusOr<v1::TensorsStatus> Coordinator::GetTensors(
   tensors.set_plan_version(plan->version());
   tensors.set_partition_bytes(plan->partition_bytes());
   // Latencies summed over the members (a count-weighted mean).
-  const absl::flat_hash_map<uint32_t, StepManager::TensorLatencySum>
-      latencies = steps_.TensorLatencies(job);
+  const absl::flat_hash_map<uint32_t, StepManager::TensorLatencySum> latencies =
+      steps_.TensorLatencies(job);
   std::vector<const v1::TensorPlanEntry*> entries;
   for (const v1::TensorPlanEntry& entry : plan->tensors()) {
     entries.push_back(&entry);

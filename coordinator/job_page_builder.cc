@@ -5,8 +5,7 @@
 
 namespace baton::coordinator {
 
-JobPageBuilder::JobPageBuilder(v1::GetJobRequest request,
-                               int32_t chunk_members)
+JobPageBuilder::JobPageBuilder(v1::GetJobRequest request, int32_t chunk_members)
     : request_(std::move(request)),
       chunk_members_(std::max(1, chunk_members)),
       page_(MemberPage::FromRequest(request_)) {
@@ -33,8 +32,7 @@ bool JobPageBuilder::Step(const Coordinator& coordinator) {
       chunk.ok() ? coordinator.JobStatusPage(request_.job(), *chunk)
                  : chunk.status();
   if (!part.ok()) {
-    if (!first && absl::IsAborted(part.status()) &&
-        restarts_ < kMaxRestarts) {
+    if (!first && absl::IsAborted(part.status()) && restarts_ < kMaxRestarts) {
       // The job changed between two chunks: their members may not fit one
       // order. Build the page again from its start.
       ++restarts_;

@@ -388,7 +388,6 @@ int Main(int argc, char** argv) {
         FLAGS_restart_file.empty() ? nullptr : &memberships));
   }
 
-
   // Sessions: every Hello answered before the first JoinJob.
   const absl::Time start = absl::Now();
   const absl::Time stream_deadline =

@@ -27,11 +27,12 @@ namespace baton::bench {
 // until Leave. As a real agent (agent/coordinator_client.cc), it sends a
 // heartbeat only when it sent nothing else for the coordinator's heartbeat
 // interval, so a sealed agent reporting every second sends none; a
-// `probe` heartbeats at every interval regardless, to time the round trip. After a coordinator restart (Reconnect) it opens a new
-// stream and, as a real agent does (agent/job_membership.cc), re-reports
-// the generation it runs in a RejoinJob: the membership it received, its
-// completed step. Owned by main; it must outlive the end of its stream
-// (the recorder's StreamEnded, awaited by AwaitEnded).
+// `probe` heartbeats at every interval regardless, to time the round trip.
+// After a coordinator restart (Reconnect) it opens a new stream and, as a real
+// agent does (agent/job_membership.cc), re-reports the generation it runs in a
+// RejoinJob: the membership it received, its completed step. Owned by main; it
+// must outlive the end of its stream (the recorder's StreamEnded, awaited by
+// AwaitEnded).
 //
 // Why the async API and not a callback reactor: the callback API puts every
 // stream of the process on one completion queue, whose outstanding-tag

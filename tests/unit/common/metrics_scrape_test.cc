@@ -43,11 +43,11 @@ TEST(ParseHistogramTest, RefusesWhatIsMissingOrMalformed) {
   EXPECT_THAT(descending.status().message(), HasSubstr("ascending bounds"));
   EXPECT_EQ(ParseHistogram("h_bucket{le=\"1\"} 5\n", "h").status().code(),
             absl::StatusCode::kInvalidArgument);  // No +Inf.
-  EXPECT_EQ(ParseHistogram("h_bucket{le=\"1\"} x\nh_bucket{le=\"+Inf\"} 1\n",
-                           "h")
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ParseHistogram("h_bucket{le=\"1\"} x\nh_bucket{le=\"+Inf\"} 1\n", "h")
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ScrapedHistogramTest, QuantilesInterpolateInsideTheirBucket) {
