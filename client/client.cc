@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -272,12 +273,28 @@ bool Handle::Poll() const {
   return Done();
 }
 
+namespace {
+// The payload that marks a wait's timeout (StillInFlight).
+constexpr char kStillInFlightUrl[] = "baton.dev/still-in-flight";
+}  // namespace
+
+absl::Status client::StillInFlightError(std::string message) {
+  absl::Status status = absl::DeadlineExceededError(std::move(message));
+  status.SetPayload(kStillInFlightUrl, absl::Cord());
+  return status;
+}
+
+bool StillInFlight(const absl::Status& status) {
+  return absl::IsDeadlineExceeded(status) &&
+         status.GetPayload(kStillInFlightUrl).has_value();
+}
+
 absl::Status Handle::Wait(std::chrono::milliseconds timeout) const {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   if (ring_ != nullptr) ring_->Await([this] { return Done(); }, deadline);
   absl::MutexLock lock(&mu_);
   if (!AwaitUntil(mu_, absl::Condition(&done_), deadline)) {
-    return absl::DeadlineExceededError(
+    return client::StillInFlightError(
         absl::StrCat("tensor #", index_, " step ", step_,
                      " did not complete within ", timeout.count(), " ms"));
   }

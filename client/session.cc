@@ -358,9 +358,9 @@ class Session::Impl {
       return absl::InvalidArgumentError("Synchronize: the handle is null");
     }
     absl::Status status = operation->handle->Wait(timeout);
-    if (absl::IsDeadlineExceeded(status)) {
+    if (StillInFlight(status)) {
       if (!operation->handle->Poll()) {
-        return absl::DeadlineExceededError(
+        return client::StillInFlightError(
             absl::StrCat("tensor \"", operation->name, "\" step ",
                          operation->handle->step(), " did not complete within ",
                          timeout.count(), " ms; it is still in flight"));

@@ -125,12 +125,11 @@ absl::Status SynchronizeInterruptibly(Session& session,
   const std::optional<absl::Status> done = InSlices(
       timeout,
       [&](std::chrono::milliseconds slice) -> std::optional<absl::Status> {
+        // Not a Poll after the slice: the operation may complete between
+        // the two, and the slice's timeout is no outcome of it.
         absl::Status status = session.Synchronize(operation.handle, slice);
-        if (!absl::IsDeadlineExceeded(status) ||
-            session.Poll(operation.handle)) {
-          return status;
-        }
-        return std::nullopt;
+        if (StillInFlight(status)) return std::nullopt;
+        return status;
       });
   if (!done.has_value()) {
     return absl::DeadlineExceededError(

@@ -50,7 +50,16 @@ struct ClientOptions {
 // The library's internals (client/*.cc), not part of the API.
 namespace client {
 class CompletionRing;
+// DEADLINE_EXCEEDED with `message`, marked for StillInFlight.
+absl::Status StillInFlightError(std::string message);
 }  // namespace client
+
+// Whether `status` is a wait that ran out with its operation still in flight
+// (Handle::Wait, Session::Synchronize: DEADLINE_EXCEEDED, marked so), as
+// opposed to the outcome of an operation that ended, which may be
+// DEADLINE_EXCEEDED too. Decide on this, not on a Poll after the wait: the
+// operation may complete between the two.
+bool StillInFlight(const absl::Status& status);
 
 // A pending collective. Thread-safe; completed exactly once, by the client's
 // threads or, on the shared-memory channel, by the thread that waits for it
@@ -60,7 +69,7 @@ class Handle {
   // True once the operation finished (either way).
   bool Poll() const ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for the outcome. DEADLINE_EXCEEDED when `timeout` passes first
-  // (the operation stays pending).
+  // (the operation stays pending; StillInFlight says so).
   absl::Status Wait(std::chrono::milliseconds timeout =
                         std::chrono::hours(24)) const ABSL_LOCKS_EXCLUDED(mu_);
 

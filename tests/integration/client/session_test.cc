@@ -409,6 +409,9 @@ TEST_F(SessionTest, SynchronizeTimesOutWhileARankLagsThenDelivers) {
   const absl::Duration waited =
       absl::FromChrono(std::chrono::steady_clock::now() - start);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  // A wait that ran out, told apart from an outcome without a second look.
+  EXPECT_TRUE(StillInFlight(status));
+  EXPECT_FALSE(StillInFlight(absl::DeadlineExceededError("an outcome")));
   EXPECT_THAT(status.message(),
               AllOf(HasSubstr("tensor \"g\" step 0"),
                     HasSubstr("did not complete within 200 ms"),
