@@ -211,10 +211,10 @@ class Session {
   bool Poll(const OperationHandle& handle) const;
   // Waits for the operation and, when it succeeded, copies the result into
   // its buffer. DEADLINE_EXCEEDED when `timeout` passes first (the operation
-  // stays in flight, StillInFlight says so; synchronize it again later). A failed operation returns
-  // the error that names its cause: ABORTED when the job's generation
-  // changed (a node was lost), UNAVAILABLE when the agent is gone. Calling
-  // it again returns the same status and copies nothing.
+  // stays in flight, StillInFlight says so; synchronize it again later). A
+  // failed operation returns the error that names its cause: ABORTED when the
+  // job's generation changed (a node was lost), UNAVAILABLE when the agent is
+  // gone. Calling it again returns the same status and copies nothing.
   absl::Status Synchronize(
       const OperationHandle& handle,
       std::chrono::milliseconds timeout = std::chrono::hours(24));
