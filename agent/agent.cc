@@ -71,8 +71,8 @@ absl::Status Agent::Start() {
       config_.data_transport == DataTransport::kGloo
           ? absl::StatusOr<std::unique_ptr<Transport>>(
                 GlooTransport::Create(config_.data_host, gloo))
-          : absl::StatusOr<std::unique_ptr<Transport>>(
-                TcpTransport::Create(config_.data_host, clock_));
+          : absl::StatusOr<std::unique_ptr<Transport>>(TcpTransport::Create(
+                config_.data_host, clock_, config_.skip_zero_blocks));
   if (!transport.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(transport.status().message(), ": fix --data_host"));

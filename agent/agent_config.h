@@ -30,6 +30,9 @@ struct AgentConfig {
   // The host tensors' data plane between agents: baton's TCP rings, or
   // gloo's TCP transport.
   DataTransport data_transport = DataTransport::kTcp;
+  // kTcp: allreduce steps leave out 1 KiB blocks that are all zero
+  // (--skip_zero_blocks; ZeroBlocks).
+  bool skip_zero_blocks = true;
   SchedulingMode scheduling = SchedulingMode::kPriority;
   GpuCrossNode gpu_cross_node = GpuCrossNode::kNccl;
   int64_t credit_bytes = 16 << 20;

@@ -45,6 +45,11 @@ DEFINE_string(data_transport, "tcp",
               "collectives on its own TCP connections, run by the data "
               "threads themselves) or gloo (gloo's TCP transport); every "
               "agent of a job must use the same");
+DEFINE_bool(skip_zero_blocks, true,
+            "--data_transport=tcp: allreduce steps send only the 1 KiB blocks "
+            "that are not all zero (with a bitmap) when at least one block "
+            "in eight is zero, as in a dense nn.Embedding's gradient; the "
+            "sum is the same. Agents of a job may differ in this");
 DEFINE_string(scheduling, "priority",
               "Scheduling of jobs whose trainers do not set BATON_SCHEDULING: "
               "priority or fifo");
@@ -177,6 +182,7 @@ absl::StatusOr<agent::AgentConfig> ConfigFromFlags() {
         absl::StrCat("--data_transport=", FLAGS_data_transport,
                      " is unknown: give tcp or gloo"));
   }
+  config.skip_zero_blocks = FLAGS_skip_zero_blocks;
   if (config.tls.enabled() &&
       config.data_transport == agent::DataTransport::kGloo &&
       !InsecureFromFlags()) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +31,9 @@ struct Link {
 // took. A failure other than EAGAIN/EINTR marks the link broken (errno is
 // left as send(2) set it).
 ssize_t Send(Link& link, const void* data, size_t bytes);
+
+// sendmsg(2) of `count` buffers in order, otherwise as Send.
+ssize_t SendVector(Link& link, const iovec* buffers, int count);
 
 // recv(2) on the link's non-blocking socket, counting the bytes read. The end
 // of the stream (0) and a failure other than EAGAIN/EINTR mark the link

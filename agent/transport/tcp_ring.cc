@@ -12,14 +12,22 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "agent/transport/zero_blocks.h"
 
 namespace baton::agent {
 namespace {
 
-// "BRNG": the first word of every operation.
-constexpr uint32_t kMagic = 0x42524e47;
+// "BRN2": the first word of every operation (2: allreduce data framed in
+// blocks).
+constexpr uint32_t kMagic = 0x324e5242;
 constexpr uint32_t kAllreduce = 1;
 constexpr uint32_t kBroadcast = 2;
+// Preamble formats: "DENS" (every byte follows), "SPRS" (a bitmap, then the
+// blocks it marks).
+constexpr uint32_t kDenseFrame = 0x534e4544;
+constexpr uint32_t kSparseFrame = 0x53525053;
+// Segments per sendmsg(2).
+constexpr int kSendBatch = 64;
 
 // x mod n for x in (-n, 2n).
 int Mod(int x, int n) { return ((x % n) + n) % n; }
@@ -34,7 +42,8 @@ const char* KindName(uint32_t kind) {
 
 absl::StatusOr<std::unique_ptr<TcpRing>> TcpRing::Connect(
     const ConnectRequest& request, const std::string& address,
-    const std::string& name, Clock* clock, tcp::LinkPool* pool) {
+    const std::string& name, Clock* clock, tcp::LinkPool* pool,
+    bool skip_zero_blocks) {
   ConnectRequest checked = request;
   checked.count = 1;
   if (absl::Status valid = ValidateConnectRequest(checked); !valid.ok()) {
@@ -65,17 +74,19 @@ absl::StatusOr<std::unique_ptr<TcpRing>> TcpRing::Connect(
     return links.status();
   }
   return std::unique_ptr<TcpRing>(
-      new TcpRing(name, rank, size, std::move(links).value(), abort_fd, clock));
+      new TcpRing(name, rank, size, std::move(links).value(), abort_fd, clock,
+                  skip_zero_blocks));
 }
 
 TcpRing::TcpRing(std::string name, int rank, int size, tcp::LentLinks links,
-                 int abort_fd, Clock* clock)
+                 int abort_fd, Clock* clock, bool skip_zero_blocks)
     : name_(std::move(name)),
       rank_(rank),
       size_(size),
       links_(std::move(links)),
       abort_fd_(abort_fd),
-      clock_(clock) {}
+      clock_(clock),
+      skip_zero_blocks_(skip_zero_blocks) {}
 
 TcpRing::~TcpRing() { ::close(abort_fd_); }
 
@@ -134,6 +145,102 @@ absl::Status TcpRing::HeaderMismatch(const Header& mine, const Header& theirs,
                 what);
 }
 
+void TcpRing::PlanSend(const Step& step) {
+  std::vector<iovec>& out = send_segments_;
+  out.clear();
+  const auto push = [&out](const void* data, size_t bytes) {
+    out.push_back({const_cast<void*>(data), bytes});
+  };
+  if (step.send_header) push(step.header, sizeof(Header));
+  if (!step.framed) {
+    if (step.send_bytes > 0) push(step.send, step.send_bytes);
+    return;
+  }
+  const size_t bytes = step.send_bytes;
+  bool sparse = false;
+  size_t present = 0;
+  if (skip_zero_blocks_ && bytes > 0) {
+    present = ZeroBlocks::Scan(step.send, bytes, &send_bitmap_);
+    sparse = ZeroBlocks::WorthSkipping(bytes, present);
+  }
+  if (!sparse) {
+    send_preamble_ = {kDenseFrame, 0};
+    push(&send_preamble_, sizeof send_preamble_);
+    if (bytes > 0) push(step.send, bytes);
+    return;
+  }
+  send_preamble_ = {kSparseFrame, static_cast<uint32_t>(present)};
+  push(&send_preamble_, sizeof send_preamble_);
+  push(send_bitmap_.data(), send_bitmap_.size());
+  // Runs of consecutive blocks go as one segment.
+  const size_t count = ZeroBlocks::Count(bytes);
+  size_t sent = 0;
+  const auto marked = [this](size_t b) {
+    return (send_bitmap_[b / 8] >> (b % 8) & 1) != 0;
+  };
+  for (size_t b = 0; b < count;) {
+    if (!marked(b)) {
+      ++b;
+      continue;
+    }
+    size_t e = b + 1;
+    while (e < count && marked(e)) ++e;
+    const size_t from = b * ZeroBlocks::kBlockBytes;
+    const size_t to = std::min(e * ZeroBlocks::kBlockBytes, bytes);
+    push(step.send + from, to - from);
+    sent += to - from;
+    b = e;
+  }
+  skipped_bytes_ += bytes - sent - send_bitmap_.size();
+}
+
+void TcpRing::ScatterBlocks(const Step& step, size_t at, size_t bytes) {
+  size_t k = at / ZeroBlocks::kBlockBytes;
+  for (size_t done = 0; done < bytes; ++k) {
+    const size_t block = recv_blocks_[k];
+    const size_t length = ZeroBlocks::Length(step.recv_bytes, block);
+    const size_t to = block * ZeroBlocks::kBlockBytes;
+    if (step.sum != nullptr) {
+      step.sum(step.recv + to, step.addend + to, scratch_.data() + done,
+               length / step.element);
+    } else {
+      std::memcpy(step.recv + to, scratch_.data() + done, length);
+    }
+    done += length;
+  }
+}
+
+void TcpRing::FillSkippedBlocks(const Step& step) {
+  const size_t count = ZeroBlocks::Count(step.recv_bytes);
+  size_t next_present = 0;
+  for (size_t block = 0; block < count; ++block) {
+    if (next_present < recv_blocks_.size() &&
+        recv_blocks_[next_present] == block) {
+      ++next_present;
+      continue;
+    }
+    const size_t at = block * ZeroBlocks::kBlockBytes;
+    const size_t length = ZeroBlocks::Length(step.recv_bytes, block);
+    if (step.sum == nullptr) {
+      std::memset(step.recv + at, 0, length);
+    } else if (step.recv != step.addend) {
+      std::memcpy(step.recv + at, step.addend + at, length);
+    }
+  }
+}
+
+absl::Status TcpRing::MalformedFrame(const std::string& detail,
+                                     const std::string& what) {
+  tcp::ShutDown(prev());
+  tcp::ShutDown(next());
+  return Poison(absl::InternalError(absl::StrCat(
+                    what, ": node rank ", Wrap(rank_ - 1),
+                    " sent a step that cannot be: ", detail,
+                    " (the stream is out of step; the nodes must run one "
+                    "build of baton)")),
+                what);
+}
+
 absl::Status TcpRing::Run(const Step& step, const Deadline& deadline,
                           const std::string& what,
                           const CollectiveOptions& options) {
@@ -141,12 +248,37 @@ absl::Status TcpRing::Run(const Step& step, const Deadline& deadline,
   const int next = Wrap(rank_ + 1);
   tcp::Link& from = this->prev();
   tcp::Link& to = this->next();
-  Header theirs = {};
-  size_t header_sent = step.send_header ? 0 : sizeof(Header);
-  size_t header_received = step.recv_header ? 0 : sizeof(Header);
+
+  // Sending: send_segments_ in order, `sent` bytes of them so far (a relay
+  // only as far as it has received).
+  PlanSend(step);
+  size_t total = 0;
+  for (const iovec& segment : send_segments_) total += segment.iov_len;
+  const size_t header_bytes = step.send_header ? sizeof(Header) : 0;
   size_t sent = 0;
+  size_t segment = 0;  // the segment `sent` is in, and how far into it
+  size_t within = 0;
+
+  // Receiving: the header, the preamble and bitmap of a framed step, then
+  // the data: `data_bytes` in all (a sparse step's blocks only), of which
+  // `received` arrived; with a sum, or sparse, through scratch_ (`filled`
+  // bytes not yet added or placed).
+  enum class Stage { kHeader, kPreamble, kBitmap, kData, kDone };
+  const auto data_stage = [&](size_t bytes) {
+    return bytes > 0 ? Stage::kData : Stage::kDone;
+  };
+  Stage stage = step.recv_header ? Stage::kHeader
+                : step.framed    ? Stage::kPreamble
+                                 : data_stage(step.recv_bytes);
+  Header theirs = {};
+  Preamble preamble = {};
+  size_t stage_received = 0;  // of the header, preamble or bitmap
+  bool sparse = false;
+  size_t data_bytes = step.recv_bytes;
   size_t received = 0;
-  size_t filled = 0;  // received bytes in scratch_, not yet added
+  size_t filled = 0;
+  if (step.framed) recv_blocks_.clear();
+
   const auto fail = [&](tcp::Link& link, int peer, const char* doing,
                         const char* call) {
     return PoisonLink(link,
@@ -157,62 +289,126 @@ absl::Status TcpRing::Run(const Step& step, const Deadline& deadline,
   };
   while (true) {
     bool progress = false;
-    // Send: the header, then the data (a relay only what it has).
-    const size_t send_limit = step.forward ? received : step.send_bytes;
-    if (header_sent < sizeof(Header)) {
-      const ssize_t n = tcp::Send(
-          to, reinterpret_cast<const char*>(step.header) + header_sent,
-          sizeof(Header) - header_sent);
-      if (n > 0) {
-        header_sent += static_cast<size_t>(n);
-        progress = true;
-      } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
-        return fail(to, next, "sending", "send");
+    const size_t send_limit = step.forward ? header_bytes + received : total;
+    if (sent < send_limit) {
+      iovec batch[kSendBatch];
+      int count = 0;
+      size_t room = send_limit - sent;
+      for (size_t i = segment, skip = within;
+           i < send_segments_.size() && count < kSendBatch && room > 0;
+           ++i, skip = 0) {
+        const size_t length = std::min(send_segments_[i].iov_len - skip, room);
+        batch[count++] = {
+            static_cast<uint8_t*>(send_segments_[i].iov_base) + skip, length};
+        room -= length;
       }
-    } else if (sent < send_limit) {
-      const ssize_t n = tcp::Send(to, step.send + sent, send_limit - sent);
+      const ssize_t n = tcp::SendVector(to, batch, count);
       if (n > 0) {
         sent += static_cast<size_t>(n);
+        for (size_t left = static_cast<size_t>(n); left > 0;) {
+          const size_t take =
+              std::min(left, send_segments_[segment].iov_len - within);
+          within += take;
+          left -= take;
+          if (within == send_segments_[segment].iov_len) {
+            ++segment;
+            within = 0;
+          }
+        }
         progress = true;
       } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
         return fail(to, next, "sending", "send");
       }
     }
-    // Receive: the header, then exactly this step's bytes (the next
-    // step's may follow in the stream).
+
     ssize_t n = 1;
-    if (header_received < sizeof(Header)) {
-      n = tcp::Receive(from, reinterpret_cast<char*>(&theirs) + header_received,
-                       sizeof(Header) - header_received);
-      if (n > 0) {
-        header_received += static_cast<size_t>(n);
-        progress = true;
-        if (header_received == sizeof(Header) &&
-            std::memcmp(&theirs, step.header, sizeof(Header)) != 0) {
-          return HeaderMismatch(*step.header, theirs, what);
-        }
+    const bool receiving = stage != Stage::kDone;
+    // Reads on into the header, preamble or bitmap: true once it is whole.
+    const auto whole = [&](void* into, size_t size) {
+      n = tcp::Receive(from, static_cast<char*>(into) + stage_received,
+                       size - stage_received);
+      if (n <= 0 || (stage_received += static_cast<size_t>(n)) < size) {
+        return false;
       }
-    } else if (received < step.recv_bytes) {
-      if (step.sum == nullptr) {
-        n = tcp::Receive(from, step.recv + received,
-                         step.recv_bytes - received);
-        if (n > 0) received += static_cast<size_t>(n);
-      } else {
-        const size_t room =
-            std::min(kSegmentBytes - filled, step.recv_bytes - received);
-        n = tcp::Receive(from, scratch_.data() + filled, room);
-        if (n > 0) {
-          filled += static_cast<size_t>(n);
-          received += static_cast<size_t>(n);
-          if (filled == kSegmentBytes || received == step.recv_bytes) {
-            const size_t at = received - filled;
-            step.sum(step.recv + at, step.addend + at, scratch_.data(),
-                     filled / step.element);
-            filled = 0;
+      stage_received = 0;
+      return true;
+    };
+    switch (stage) {
+      case Stage::kHeader:
+        if (whole(&theirs, sizeof(Header))) {
+          if (std::memcmp(&theirs, step.header, sizeof(Header)) != 0) {
+            return HeaderMismatch(*step.header, theirs, what);
+          }
+          stage = step.framed ? Stage::kPreamble : data_stage(step.recv_bytes);
+        }
+        break;
+      case Stage::kPreamble:
+        if (whole(&preamble, sizeof(Preamble))) {
+          if (preamble.format == kDenseFrame && preamble.blocks == 0) {
+            stage = data_stage(step.recv_bytes);
+          } else if (preamble.format == kSparseFrame &&
+                     preamble.blocks <= ZeroBlocks::Count(step.recv_bytes)) {
+            sparse = true;
+            recv_bitmap_.resize(ZeroBlocks::BitmapBytes(step.recv_bytes));
+            stage = recv_bitmap_.empty() ? Stage::kDone : Stage::kBitmap;
+          } else {
+            return MalformedFrame(
+                absl::StrCat("a preamble of format ", preamble.format, " with ",
+                             preamble.blocks, " blocks for ", step.recv_bytes,
+                             " bytes"),
+                what);
           }
         }
-      }
-      if (n > 0) progress = true;
+        break;
+      case Stage::kBitmap:
+        if (whole(recv_bitmap_.data(), recv_bitmap_.size())) {
+          absl::StatusOr<std::vector<uint32_t>> blocks = ZeroBlocks::Present(
+              recv_bitmap_, step.recv_bytes, preamble.blocks);
+          if (!blocks.ok()) {
+            return MalformedFrame(std::string(blocks.status().message()), what);
+          }
+          recv_blocks_ = std::move(blocks).value();
+          data_bytes = 0;
+          for (uint32_t block : recv_blocks_) {
+            data_bytes += ZeroBlocks::Length(step.recv_bytes, block);
+          }
+          stage = data_stage(data_bytes);
+        }
+        break;
+      case Stage::kData:
+        // Exactly this step's bytes: the next step's may follow.
+        if (step.sum == nullptr && !sparse) {
+          n = tcp::Receive(from, step.recv + received,
+                           step.recv_bytes - received);
+          if (n > 0) received += static_cast<size_t>(n);
+        } else {
+          const size_t room =
+              std::min(kSegmentBytes - filled, data_bytes - received);
+          n = tcp::Receive(from, scratch_.data() + filled, room);
+          if (n > 0) {
+            filled += static_cast<size_t>(n);
+            received += static_cast<size_t>(n);
+            if (filled == kSegmentBytes || received == data_bytes) {
+              const size_t at = received - filled;
+              if (sparse) {
+                ScatterBlocks(step, at, filled);
+              } else {
+                step.sum(step.recv + at, step.addend + at, scratch_.data(),
+                         filled / step.element);
+              }
+              filled = 0;
+            }
+          }
+        }
+        if (received == data_bytes) stage = Stage::kDone;
+        break;
+      case Stage::kDone:
+        break;
+    }
+    if (receiving && n > 0) {
+      progress = true;
+      // A sparse step's last block is in: the others are known now.
+      if (sparse && stage == Stage::kDone) FillSkippedBlocks(step);
     }
     if (n == 0) {
       return PoisonLink(from,
@@ -225,18 +421,12 @@ absl::Status TcpRing::Run(const Step& step, const Deadline& deadline,
     if (n < 0 && errno != EAGAIN && errno != EINTR) {
       return fail(from, prev, "receiving", "recv");
     }
-    const bool send_done =
-        header_sent == sizeof(Header) && sent == step.send_bytes;
-    const bool recv_done =
-        header_received == sizeof(Header) && received == step.recv_bytes;
-    if (send_done && recv_done) return absl::OkStatus();
+    const bool recv_done = stage == Stage::kDone;
+    if (sent == total && recv_done) return absl::OkStatus();
     if (progress && !poison_.is_set()) continue;
 
     // Nothing moved: sleep until a connection is ready or Abort.
-    short send_events = 0;
-    if (header_sent < sizeof(Header) || sent < send_limit) {
-      send_events = POLLOUT;
-    }
+    const short send_events = sent < send_limit ? POLLOUT : 0;
     const short recv_events = recv_done ? 0 : POLLIN;
     struct pollfd pfds[3];
     nfds_t count = 0;
@@ -259,15 +449,14 @@ absl::Status TcpRing::Run(const Step& step, const Deadline& deadline,
       return Poison(absl::AbortedError("aborted"), what);
     }
     if (ready == 0) {
-      const bool waiting_to_receive = !recv_done;
       return Poison(
           absl::DeadlineExceededError(absl::StrCat(
               what, " timed out after ", options.timeout.count(), " ms ",
-              waiting_to_receive
+              !recv_done
                   ? absl::StrCat("waiting for node rank ", prev, " (received ",
-                                 received, " of ", step.recv_bytes, " bytes)")
+                                 received, " of ", data_bytes, " bytes)")
                   : absl::StrCat("sending to node rank ", next, " (sent ", sent,
-                                 " of ", step.send_bytes, " bytes)"))),
+                                 " of ", total, " bytes)"))),
           what);
     }
   }
@@ -322,6 +511,7 @@ absl::Status TcpRing::AllreduceSum(void* data, size_t count, v1::DataType dtype,
       step.header = &header;
       step.send_header = step.recv_header = phase == 0 && s == 0;
       step.element = element;
+      step.framed = true;
       step.send = (phase == 0 && s == 0 ? input : bytes) + offset(out);
       step.send_bytes = length(out);
       step.recv = bytes + offset(in);

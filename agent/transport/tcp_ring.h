@@ -1,5 +1,7 @@
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,6 +51,12 @@ namespace baton::agent {
 // header differs from its own fails the operation with FAILED_PRECONDITION
 // naming both, instead of reading the stream as something it is not.
 //
+// Each allreduce step's data starts with an 8-byte preamble: either every
+// byte follows, or a bitmap of the 1 KiB blocks that are not all zero and
+// those blocks only (ZeroBlocks; the sender chooses per step, when at least
+// one block in eight is zero). A preamble or bitmap that cannot be fails
+// the operation (INTERNAL) and shuts both connections.
+//
 // Not thread-safe, like every Communicator. Errors name the node ranks and
 // poison the ring. A connection that failed is shut down; so are both when
 // the neighbours disagree (a header mismatch: the streams are out of step).
@@ -63,9 +71,12 @@ class TcpRing : public Communicator {
   // previous and the next node rank only, kept in `pool` (may be null)
   // across generations. Errors as tcp::ConnectPeers. `clock` measures every
   // timeout; it must outlive the ring, and `pool` the ring's end.
+  // `skip_zero_blocks`: allreduce steps may leave out the blocks that are
+  // all zero (ZeroBlocks); what it receives, a ring reads either way.
   static absl::StatusOr<std::unique_ptr<TcpRing>> Connect(
       const ConnectRequest& request, const std::string& address,
-      const std::string& name, Clock* clock, tcp::LinkPool* pool);
+      const std::string& name, Clock* clock, tcp::LinkPool* pool,
+      bool skip_zero_blocks = true);
 
   ~TcpRing() override;
 
@@ -81,6 +92,11 @@ class TcpRing : public Communicator {
   // connections stay open (a re-form may keep them).
   void Abort(const absl::Status& status) override;
 
+  // Bytes of data this ring's allreduce steps left out (zero blocks, less
+  // the bitmaps), since it connected. Read by the thread that runs its
+  // collectives.
+  uint64_t skipped_bytes() const { return skipped_bytes_; }
+
   // The unit in which received bytes are added (and the scratch's size).
   static constexpr size_t kSegmentBytes = size_t{256} << 10;
 
@@ -95,13 +111,23 @@ class TcpRing : public Communicator {
   };
   static_assert(sizeof(Header) == 24);
 
+  // What an allreduce step's data starts with (ZeroBlocks): the format,
+  // and for kSparseFrame the number of blocks that follow the bitmap.
+  struct Preamble {
+    uint32_t format;
+    uint32_t blocks;
+  };
+  static_assert(sizeof(Preamble) == 8);
+
   // One step: send `send_bytes` from `send` to the next node while
   // receiving `recv_bytes` from the previous one into `recv` (with `sum`
   // set: recv = addend + received, where addend may equal recv; else the
   // received bytes themselves). `header`: this operation's header,
   // sent before the data and checked against the one received first.
-  // `forward`: a broadcast's relay, which sends what it has received
-  // (send == recv), never more.
+  // `framed`: an allreduce step, whose data goes in blocks (a preamble,
+  // then every byte or only the blocks that are not all zero, each side
+  // choosing for what it sends). `forward`: a broadcast's relay, which
+  // sends what it has received (send == recv), never more.
   struct Step {
     const uint8_t* send = nullptr;
     size_t send_bytes = 0;
@@ -113,11 +139,12 @@ class TcpRing : public Communicator {
     const Header* header = nullptr;
     bool send_header = false;
     bool recv_header = false;
+    bool framed = false;
     bool forward = false;
   };
 
   TcpRing(std::string name, int rank, int size, tcp::LentLinks links,
-          int abort_fd, Clock* clock);
+          int abort_fd, Clock* clock, bool skip_zero_blocks);
 
   // x mod size_ for x in (-size_, 2 size_): a node rank.
   int Wrap(int x) const;
@@ -128,6 +155,20 @@ class TcpRing : public Communicator {
   std::string Describe() const;
   absl::Status Run(const Step& step, const Deadline& deadline,
                    const std::string& what, const CollectiveOptions& options);
+  // Fills send_segments_ with what `step` sends, in order: the header,
+  // then its data, framed for an allreduce step (sparse when
+  // skip_zero_blocks_ and ZeroBlocks::WorthSkipping).
+  void PlanSend(const Step& step);
+  // A sparse step's received blocks [at, at + bytes) of the data (whole
+  // blocks, in scratch_): added to the addend or copied to their places.
+  void ScatterBlocks(const Step& step, size_t at, size_t bytes);
+  // After a sparse step's last block: the blocks that were not sent are
+  // the addend's (sum) or zero.
+  void FillSkippedBlocks(const Step& step);
+  // The previous node sent a preamble or bitmap that cannot be: the
+  // streams are out of step.
+  absl::Status MalformedFrame(const std::string& detail,
+                              const std::string& what);
   // Records `status` as the poison and returns it; after an Abort, the
   // abort's status instead, prefixed with `what` (the operation it ended).
   absl::Status Poison(absl::Status status, const std::string& what);
@@ -147,8 +188,18 @@ class TcpRing : public Communicator {
   // An eventfd: Abort adds to it, a collective in flight wakes on it.
   const int abort_fd_;
   Clock* const clock_;
+  // Whether allreduce steps may leave out zero blocks (ZeroBlocks).
+  const bool skip_zero_blocks_;
   std::vector<uint8_t> scratch_;
   uint32_t seq_ = 0;
+  uint64_t skipped_bytes_ = 0;
+  // Run's buffers, kept between steps: the segments it sends, the preamble
+  // and bitmap among them, and the received bitmap and the blocks it marks.
+  std::vector<iovec> send_segments_;
+  Preamble send_preamble_ = {};
+  std::vector<uint8_t> send_bitmap_;
+  std::vector<uint8_t> recv_bitmap_;
+  std::vector<uint32_t> recv_blocks_;
 
   PoisonState poison_;
 };

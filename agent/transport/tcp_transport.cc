@@ -12,7 +12,7 @@
 namespace baton::agent {
 
 absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(
-    const std::string& hostname, Clock* clock) {
+    const std::string& hostname, Clock* clock, bool skip_zero_blocks) {
   if (hostname.empty()) {
     return absl::InvalidArgumentError(
         "the TCP transport needs the hostname or IP address to bind");
@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(
       tcp::NumericAddresses(hostname);
   if (!addresses.ok()) return addresses.status();
   return std::unique_ptr<TcpTransport>(
-      new TcpTransport(std::move(addresses->front()), clock));
+      new TcpTransport(std::move(addresses->front()), clock, skip_zero_blocks));
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>
@@ -33,8 +33,9 @@ TcpTransport::Connect(const ConnectRequest& request) {
   std::vector<std::unique_ptr<Communicator>> rings;
   rings.reserve(request.count);
   for (int i = 0; i < request.count; ++i) {
-    absl::StatusOr<std::unique_ptr<TcpRing>> ring = TcpRing::Connect(
-        request, address_, absl::StrCat("c", i), clock_, &pool_);
+    absl::StatusOr<std::unique_ptr<TcpRing>> ring =
+        TcpRing::Connect(request, address_, absl::StrCat("c", i), clock_,
+                         &pool_, skip_zero_blocks_);
     if (!ring.ok()) return ring.status();
     rings.push_back(std::move(ring).value());
   }

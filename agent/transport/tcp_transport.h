@@ -29,9 +29,11 @@ class TcpTransport : public Transport {
   // resolve. Also ignores SIGPIPE for the whole process: a peer that closes
   // its connection must give an error on the survivors, not kill them.
   // `clock` measures every timeout; it must outlive the transport and its
-  // communicators.
+  // communicators. `skip_zero_blocks`: the rings' allreduce steps may leave
+  // out blocks that are all zero (TcpRing, ZeroBlocks).
   static absl::StatusOr<std::unique_ptr<TcpTransport>> Create(
-      const std::string& hostname, Clock* clock = Clock::Real());
+      const std::string& hostname, Clock* clock = Clock::Real(),
+      bool skip_zero_blocks = true);
 
   // Connects request.count rings one after the other, communicator i (ring
   // c<i>) under
@@ -46,11 +48,14 @@ class TcpTransport : public Transport {
   const std::string& address() const { return address_; }
 
  private:
-  TcpTransport(std::string address, Clock* clock)
-      : address_(std::move(address)), clock_(clock) {}
+  TcpTransport(std::string address, Clock* clock, bool skip_zero_blocks)
+      : address_(std::move(address)),
+        clock_(clock),
+        skip_zero_blocks_(skip_zero_blocks) {}
 
   const std::string address_;
   Clock* const clock_;
+  const bool skip_zero_blocks_;
   // Outlives every communicator it lends to (the transport does).
   tcp::LinkPool pool_;
 };

@@ -14,6 +14,7 @@
 #include "agent/transport/tcp_transport.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/transport/node_threads.h"
+#include "tests/unit/agent/transport/typed_values.h"
 
 // Test helpers for the host transports: N nodes as N threads of one
 // process, each with its own transport (GlooTransport, or TcpTransport) on
@@ -84,6 +85,37 @@ struct Cluster {
       if (node.size() != static_cast<size_t>(count)) return false;
     }
     return true;
+  }
+
+  // Node `rank`'s allreduce of `data` in place: it must become `expected`.
+  void ExpectAllreduce(int rank, std::vector<uint8_t> data, v1::DataType dtype,
+                       size_t count, const std::vector<uint8_t>& expected) {
+    const absl::Status status = communicators[rank][0]->AllreduceSum(
+        data.data(), count, dtype,
+        CollectiveOptions{std::chrono::milliseconds(10000), 0});
+    ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
+    EXPECT_EQ(FirstDifference(data, expected), -1)
+        << "node " << rank << " (byte index of the first wrong value)";
+  }
+
+  // Node `rank`'s out-of-place allreduce of `input` (`count` elements of
+  // `dtype`) with `divisor`, into an output full of 0xab: the output must
+  // be `expected`, and the input as it was.
+  void ExpectOutOfPlaceAllreduce(int rank, std::vector<uint8_t> input,
+                                 v1::DataType dtype, size_t count,
+                                 int64_t divisor,
+                                 const std::vector<uint8_t>& expected) {
+    const std::vector<uint8_t> original = input;
+    std::vector<uint8_t> output(input.size(), 0xab);
+    CollectiveOptions options{std::chrono::milliseconds(10000), 0};
+    options.input = input.data();
+    options.divisor = divisor;
+    const absl::Status status = communicators[rank][0]->AllreduceSum(
+        output.data(), count, dtype, options);
+    ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
+    EXPECT_EQ(FirstDifference(output, expected), -1) << "node " << rank;
+    EXPECT_EQ(FirstDifference(input, original), -1)
+        << "node " << rank << ": the input was written";
   }
 
   // Connects the negotiation rounds on every node; true when all did.

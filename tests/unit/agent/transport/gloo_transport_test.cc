@@ -99,12 +99,8 @@ TEST_P(GlooCollectivesTest, AllreduceSumIsExactForEveryType) {
     const size_t count = Elements(size(), element_size);
     std::vector<uint8_t> expected = Sum(dtype, count);
     OnEveryNode(nodes(), [&](int rank) {
-      std::vector<uint8_t> data = Values(rank, dtype, count);
-      const absl::Status status = cluster.communicators[rank][0]->AllreduceSum(
-          data.data(), count, dtype, CollectiveOptions{kOpTimeout, 0});
-      ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
-      EXPECT_EQ(FirstDifference(data, expected), -1)
-          << "node " << rank << " (byte index of the first wrong value)";
+      cluster.ExpectAllreduce(rank, Values(rank, dtype, count), dtype, count,
+                              expected);
     });
   }
 }
@@ -122,18 +118,8 @@ TEST_P(GlooCollectivesTest, OutOfPlaceAverageLeavesTheInputAlone) {
     std::vector<uint8_t> expected = Sum(dtype, count);
     DivideInPlace(dtype, expected.data(), count, divisor);
     OnEveryNode(nodes(), [&](int rank) {
-      std::vector<uint8_t> input = Values(rank, dtype, count);
-      const std::vector<uint8_t> original = input;
-      std::vector<uint8_t> output(count * element_size, 0xab);
-      CollectiveOptions options{kOpTimeout, 0};
-      options.input = input.data();
-      options.divisor = divisor;
-      const absl::Status status = cluster.communicators[rank][0]->AllreduceSum(
-          output.data(), count, dtype, options);
-      ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
-      EXPECT_EQ(FirstDifference(output, expected), -1) << "node " << rank;
-      EXPECT_EQ(FirstDifference(input, original), -1)
-          << "node " << rank << ": the input was written";
+      cluster.ExpectOutOfPlaceAllreduce(rank, Values(rank, dtype, count), dtype,
+                                        count, divisor, expected);
     });
   }
 }
