@@ -35,6 +35,7 @@ struct JobMetrics::Families {
   std::shared_ptr<prometheus::Registry> registry;
   prometheus::Family<prometheus::Histogram>& latency;
   prometheus::Family<prometheus::Counter>& bytes;
+  prometheus::Family<prometheus::Counter>& skipped;
   prometheus::Family<prometheus::Counter>& operations;
   prometheus::Family<prometheus::Gauge>& queue_depth;
   prometheus::Family<prometheus::Gauge>& credit_in_use;
@@ -47,6 +48,7 @@ JobMetrics::JobMetrics(std::string job,
     : job_(std::move(job)),
       families_(std::move(families)),
       bytes_(families_->bytes.Add({{kJobLabel, job_}})),
+      skipped_(families_->skipped.Add({{kJobLabel, job_}})),
       ok_(families_->operations.Add({{kJobLabel, job_}, {"result", "ok"}})),
       failed_(
           families_->operations.Add({{kJobLabel, job_}, {"result", "failed"}})),
@@ -88,6 +90,10 @@ void JobMetrics::NegotiationRound(std::chrono::steady_clock::duration exchange,
       .Observe(std::chrono::duration<double>(exchange).count());
 }
 
+void JobMetrics::BytesSkipped(int64_t bytes) {
+  skipped_.Increment(static_cast<double>(bytes));
+}
+
 void JobMetrics::SetDataPlane(int64_t queue_depth,
                               int64_t credit_in_use_bytes) {
   queue_depth_.Set(static_cast<double>(queue_depth));
@@ -103,6 +109,7 @@ void JobMetrics::Remove() {
   }
   latency_.clear();
   families_->bytes.Remove(&bytes_);
+  families_->skipped.Remove(&skipped_);
   for (prometheus::Counter* counter : {&ok_, &failed_, &refused_}) {
     families_->operations.Remove(counter);
   }
@@ -127,6 +134,12 @@ std::shared_ptr<const JobMetrics::Families> AgentMetrics::NewFamilies() {
           .Name("baton_data_bytes_total")
           .Help("Bytes of the tensors whose push-pull or broadcast completed "
                 "on this node.")
+          .Register(*registry),
+      prometheus::BuildCounter()
+          .Name("baton_data_skipped_bytes_total")
+          .Help("Bytes this node's allreduces did not send because they were "
+                "in blocks of zeros (--skip_zero_blocks), less the bitmaps "
+                "that say so.")
           .Register(*registry),
       prometheus::BuildCounter()
           .Name("baton_operations_total")

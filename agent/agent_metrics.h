@@ -41,6 +41,8 @@ class JobMetrics {
   // Callbacks::round_exchanged).
   void NegotiationRound(std::chrono::steady_clock::duration exchange,
                         bool started);
+  // A collective of the job's data plane left `bytes` out (blocks of zeros).
+  void BytesSkipped(int64_t bytes);
   // Sampled state: the data plane's queue depth and credit in use (0 and 0
   // without a data plane), and the trainers attached and not detached.
   void SetDataPlane(int64_t queue_depth, int64_t credit_in_use_bytes);
@@ -59,6 +61,7 @@ class JobMetrics {
   const std::string job_;
   const std::shared_ptr<const Families> families_;
   prometheus::Counter& bytes_;
+  prometheus::Counter& skipped_;
   prometheus::Counter& ok_;
   prometheus::Counter& failed_;
   prometheus::Counter& refused_;

@@ -577,6 +577,9 @@ void JobMembership::OnDataPlaneConnected(
   }
   Scheduler::Callbacks callbacks;
   callbacks.op_done = callbacks_.op_done;
+  callbacks.bytes_skipped = [metrics = env_.metrics](int64_t bytes) {
+    metrics->BytesSkipped(bytes);
+  };
   callbacks.round_exchanged = [metrics = env_.metrics](absl::Duration exchange,
                                                        bool started) {
     metrics->NegotiationRound(absl::ToChronoNanoseconds(exchange), started);

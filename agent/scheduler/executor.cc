@@ -1,5 +1,6 @@
 #include "agent/scheduler/executor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -145,6 +146,9 @@ void Executor::WorkerLoop(Worker* worker) {
       const int running_at_start = host ? ++host_running_ : 0;
       const int64_t started_us = NowUs();
       int64_t reduced_us = started_us;
+      // Only this thread runs collectives on worker->comm, or resets it.
+      const uint64_t skipped_before =
+          host && worker->comm != nullptr ? worker->comm->skipped_bytes() : 0;
       status = launch.size() == 1
                    ? Execute(*worker, launch.front(), &reduced_us)
                    : ExecuteFused(*worker, launch, &reduced_us);
@@ -155,14 +159,29 @@ void Executor::WorkerLoop(Worker* worker) {
         Record(task, started_us, reduced_us, done_us, status.ok());
         bytes += task.length;
       }
+      const int64_t skipped =
+          host && worker->comm != nullptr
+              ? static_cast<int64_t>(worker->comm->skipped_bytes() -
+                                     skipped_before)
+              : 0;
+      if (skipped > 0 && options_.bytes_skipped) {
+        options_.bytes_skipped(skipped);
+      }
       if (options_.tuner != nullptr && status.ok() && host &&
           options_.num_nodes > 1) {
         // The channels share one link: while this collective ran, about
         // that many collectives' bytes crossed it, so that is what its time
         // measures (queueing behind the others is not latency).
         const double sharing = (running_at_start + running_at_end) / 2.0;
+        // Only what crossed the wire takes time: of a ring allreduce's
+        // 2(n-1)/n x bytes, less the blocks of zeros left out.
+        const double wire = 2.0 * (options_.num_nodes - 1) /
+                            options_.num_nodes * static_cast<double>(bytes);
+        const double sent =
+            wire > 0 ? std::max(0.0, 1.0 - static_cast<double>(skipped) / wire)
+                     : 1.0;
         options_.tuner->Add(
-            {static_cast<int64_t>(static_cast<double>(bytes) * sharing),
+            {static_cast<int64_t>(static_cast<double>(bytes) * sent * sharing),
              absl::Microseconds(done_us - reduced_us)});
       }
     }

@@ -55,9 +55,13 @@ struct ExecutorOptions {
   // Every reading of time (the timeline's phases). Not owned.
   Clock* clock = Clock::Real();
   // When set, each host collective that succeeded across nodes is added
-  // here: the collective's own time, and its bytes times the host
-  // collectives that shared the link with it (itself included). Not owned.
+  // here: the collective's own time, and the bytes it sent (less any it
+  // left out) times the host collectives that shared the link with it
+  // (itself included). Not owned.
   PartitionTuner* tuner = nullptr;
+  // Optional: after a host collective that left bytes out (zero blocks,
+  // Communicator::skipped_bytes), how many; on the worker's thread.
+  std::function<void(int64_t bytes)> bytes_skipped;
 };
 
 // The executing half of a generation's data plane (the Scheduler decides

@@ -53,6 +53,7 @@ Scheduler::Scheduler(SchedulerOptions options,
       credit_bytes_(options_.credit_bytes) {
   ExecutorOptions executor = options_;
   executor.tuner = tuner_.get();
+  executor.bytes_skipped = callbacks_.bytes_skipped;
   if (tuner_ != nullptr) {
     tuner_->SetApplied({std::max<int64_t>(partition_bytes_, 8),
                         std::max(credit_bytes_, partition_bytes_)});

@@ -78,6 +78,9 @@ class Scheduler {
     // its own (it started the round, or started it with others) rather
     // than joining a round a peer started. Runs on the scheduler thread.
     std::function<void(absl::Duration exchange, bool started)> round_exchanged;
+    // Optional, after a host collective that left bytes out (blocks of
+    // zeros: Communicator::skipped_bytes): how many. Runs on a data thread.
+    std::function<void(int64_t bytes)> bytes_skipped;
   };
 
   struct Stats {

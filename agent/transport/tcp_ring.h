@@ -92,10 +92,8 @@ class TcpRing : public Communicator {
   // connections stay open (a re-form may keep them).
   void Abort(const absl::Status& status) override;
 
-  // Bytes of data this ring's allreduce steps left out (zero blocks, less
-  // the bitmaps), since it connected. Read by the thread that runs its
-  // collectives.
-  uint64_t skipped_bytes() const { return skipped_bytes_; }
+  // What its allreduce steps left out: the zero blocks, less the bitmaps.
+  uint64_t skipped_bytes() const override { return skipped_bytes_; }
 
   // The unit in which received bytes are added (and the scratch's size).
   static constexpr size_t kSegmentBytes = size_t{256} << 10;

@@ -48,6 +48,11 @@ class Communicator {
 
   virtual bool poisoned() const = 0;
 
+  // Bytes of data its allreduces did not need to send since it connected
+  // (TcpRing: blocks that were all zero). Read by the thread that runs its
+  // collectives. 0 for transports that send every byte.
+  virtual uint64_t skipped_bytes() const { return 0; }
+
   // Thread-safe, callable while another thread is inside a collective:
   // poisons the communicator with `status` and makes a collective in flight
   // fail at once, instead of waiting for peers that may never come (the

@@ -38,6 +38,8 @@ TEST(AgentMetricsTest, CompletedOperationsFillTheTensorsLatencyHistogram) {
   job->EnqueueRefused();
   job->SetDataPlane(3, 1 << 20);
   job->SetTrainersAttached(2);
+  job->BytesSkipped(1000);
+  job->BytesSkipped(24);
 
   const std::string text = Scrape(metrics);
   const std::string w = "{job_name=\"j1\",tensor=\"layer1.weight\"";
@@ -56,6 +58,7 @@ TEST(AgentMetricsTest, CompletedOperationsFillTheTensorsLatencyHistogram) {
               {"baton_tensor_latency_seconds_bucket" + w + ",le=\"0.025\"}", 1},
               {"baton_tensor_latency_seconds_bucket" + w + ",le=\"0.05\"}", 2},
               {"baton_data_bytes_total{job_name=\"j1\"}", 4096 * 2 + 64},
+              {"baton_data_skipped_bytes_total{job_name=\"j1\"}", 1024},
               {"baton_operations_total{job_name=\"j1\",result=\"ok\"}", 3},
               {"baton_operations_total{job_name=\"j1\",result=\"failed\"}", 1},
               {"baton_operations_total{job_name=\"j1\",result=\"refused\"}", 2},

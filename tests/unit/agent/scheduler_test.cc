@@ -4,6 +4,7 @@
 #include "agent/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <future>
 #include <map>
@@ -236,6 +237,8 @@ struct Node {
   absl::Status stopped;
   // Callbacks::round_exchanged: per round, whether this node started it.
   std::vector<bool> rounds_started;
+  // Callbacks::bytes_skipped, summed.
+  std::atomic<int64_t> skipped{0};
 
   absl::Status WaitDone(uint64_t id) {
     std::unique_lock<std::mutex> lock(mu);
@@ -311,6 +314,10 @@ class SchedulerTest : public ::testing::TestWithParam<RoundsOn> {
         EXPECT_GE(d, absl::ZeroDuration());
         std::lock_guard<std::mutex> lock(n->mu);
         n->rounds_started.push_back(started);
+      };
+      callbacks.bytes_skipped = [n](int64_t bytes) {
+        EXPECT_GT(bytes, 0);
+        n->skipped += bytes;
       };
       auto& comms = cluster_->communicators[rank];
       auto negotiation = std::move(cluster_->negotiations[rank]);
@@ -540,6 +547,39 @@ TEST_P(SchedulerTest, SmallTensorsAgreedTogetherFuseIntoOneCollective) {
   }
   EXPECT_EQ(launches[1], launches[0]);
   EXPECT_EQ(launches[2], launches[0]);
+}
+
+// A tensor that is mostly blocks of zeros (as a dense embedding's gradient):
+// the rings leave them out, the sum is right, and each node reports what it
+// did not send (the agent's baton_data_skipped_bytes_total).
+TEST_P(SchedulerTest, BlocksOfZerosAreLeftOutAndReported) {
+  Start(2, SchedulerOptions());
+  constexpr int64_t kElements = 1 << 18;  // 1 MiB of float32
+  constexpr int64_t kKept = 256;          // every 64th block of 1 KiB is data
+  nodes_[0]->plane->SetKnownTensors(1);
+  nodes_[1]->plane->SetKnownTensors(1);
+  OnEveryNode(2, [&](int rank) {
+    std::shared_ptr<Operation> op = SumOp(rank, 0, 0, 0, kElements, 0);
+    auto* input =
+        const_cast<float*>(reinterpret_cast<const float*>(op->inputs[0]));
+    for (int64_t i = 0; i < kElements; ++i) {
+      if (i / kKept % 64 != 0) input[i] = 0;
+    }
+    nodes_[rank]->plane->Submit(std::move(op));
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(nodes_[rank]->WaitDone(1).ok());
+    const std::vector<float>& out = Output(rank, 0);
+    for (int64_t i = 0; i < kElements; ++i) {
+      const float expected =
+          i / kKept % 64 != 0 ? 0.0f : 3.0f * static_cast<float>(i % 100 + 1);
+      ASSERT_EQ(out[i], expected) << "node " << rank << " index " << i;
+    }
+    // Each node sends half of the 1 MiB twice (reduce-scatter, allgather);
+    // 63 of every 64 blocks stay home.
+    EXPECT_GT(nodes_[rank]->skipped.load(), kElements * 4 / 2)
+        << "node " << rank;
+  }
 }
 
 // Every node reports each round it ran (the agent's
