@@ -245,10 +245,11 @@ void Scheduler::NegotiationFailed(absl::Status status) {
                      options_.node_names, options_.node_rank),
                  /*drain=*/false, done);
       stopped_now = true;
+      stop_unreported_ = true;
       status = stop_status_;
     }
   }
-  if (stopped_now && callbacks_.stopped) callbacks_.stopped(status);
+  if (stopped_now) ReportStop(status, done);
   Report(done);
 }
 
@@ -320,6 +321,7 @@ bool Scheduler::Round(std::vector<int64_t>& vec, int32_t& body) {
                      "every agent the same --scheduling")),
                  /*drain=*/true, done);
       stopped_now = true;
+      stop_unreported_ = true;
       stop_status = stop_status_;
     } else {
       for (const Negotiation::Mismatch& m : outcome.mismatches) {
@@ -392,13 +394,14 @@ bool Scheduler::Round(std::vector<int64_t>& vec, int32_t& body) {
                        "enqueued after that cannot complete")),
                    /*drain=*/true, done);
         stopped_now = true;
+        stop_unreported_ = true;
         stop_status = stop_status_;
       }
     }
   }
   // The owner hears why the data plane stopped before the failed
   // operations, so that it can explain them.
-  if (stopped_now && callbacks_.stopped) callbacks_.stopped(stop_status);
+  if (stopped_now) ReportStop(stop_status, done);
   Report(done);
   return !stopped_now;
 }
@@ -465,6 +468,7 @@ void Scheduler::OnReturned(Launch launch, absl::Status status, bool dropped) {
         if (!stopped_) {
           StopLocked(status, /*drain=*/false, done);
           failed_now = true;
+          stop_unreported_ = true;
           stop_status = stop_status_;
         }
       }
@@ -475,7 +479,7 @@ void Scheduler::OnReturned(Launch launch, absl::Status status, bool dropped) {
     // round for this.
     if (!queue_.empty()) WakeSchedulerLocked();
   }
-  if (failed_now && callbacks_.stopped) callbacks_.stopped(stop_status);
+  if (failed_now) ReportStop(stop_status, done);
   Report(done);
 }
 
@@ -564,8 +568,24 @@ void Scheduler::ApplyLocked(int64_t partition_bytes, int64_t credit_bytes) {
 }
 
 void Scheduler::Report(Done& done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_unreported_) {
+      for (auto& item : done) stop_unreported_done_.push_back(std::move(item));
+      done.clear();
+      return;
+    }
+  }
   for (auto& [id, status] : done) callbacks_.op_done(id, std::move(status));
   done.clear();
+}
+
+void Scheduler::ReportStop(const absl::Status& status, Done& done) {
+  if (callbacks_.stopped) callbacks_.stopped(status);
+  absl::MutexLock lock(&mu_);
+  stop_unreported_ = false;
+  for (auto& item : stop_unreported_done_) done.push_back(std::move(item));
+  stop_unreported_done_.clear();
 }
 
 }  // namespace baton::agent

@@ -183,7 +183,15 @@ class Scheduler {
   // Reports `state` when its last launched partition returned.
   void MaybeFinishLocked(uint64_t op_id, Done& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells op_done of `done`; while a stop is not yet reported (the thread
+  // that stopped has not called callbacks_.stopped), keeps them for it, so
+  // that the owner hears why the data plane stopped before the operations
+  // the stop failed, whichever thread finished them.
   void Report(Done& done) ABSL_LOCKS_EXCLUDED(mu_);
+  // The thread that stopped: callbacks_.stopped(status), then what Report
+  // kept meanwhile goes into `done`.
+  void ReportStop(const absl::Status& status, Done& done)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // This node's proposal for the next round (Negotiation::LocalState).
   PartitionTuner::Proposal ProposalLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -232,6 +240,10 @@ class Scheduler {
   // Set once scheduling stopped; why.
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status stop_status_ ABSL_GUARDED_BY(mu_);
+  // Set by StopLocked when its caller will report the stop (ReportStop),
+  // until it has; what finishes meanwhile waits in stop_unreported_done_.
+  bool stop_unreported_ ABSL_GUARDED_BY(mu_) = false;
+  Done stop_unreported_done_ ABSL_GUARDED_BY(mu_);
   // The stop let the executor run what was launched.
   bool drain_ ABSL_GUARDED_BY(mu_) = false;
   bool scheduler_running_ ABSL_GUARDED_BY(mu_) = true;
