@@ -246,6 +246,22 @@ void JobMembership::HandleMembership(const v1::Membership& m) {
   for (auto& [id, status] : held) {
     callbacks_.finish(id, failure ? *failure : status);
   }
+  if (membership_) {
+    // Nothing a trainer started in the generation this node ran may run in
+    // the new one (the fence): whatever of it is left fails now.
+    const int64_t previous = membership_->generation();
+    const absl::Status* known = aborted(previous);
+    callbacks_.fail_generation(
+        previous,
+        known != nullptr
+            ? *known
+            : absl::AbortedError(absl::StrCat(
+                  "job \"", job_, "\" moved from generation ", previous, " to ",
+                  m.generation(),
+                  " before this operation ran; re-sync and retry in the "
+                  "new generation")),
+        /*only_waiting=*/false);
+  }
   // The coordinator checks manifests afresh in every generation.
   for (int32_t i = 0; i < trainers_.tensor_count(); ++i) {
     trainers_.tensor(i).mismatch = absl::OkStatus();
@@ -372,14 +388,19 @@ void JobMembership::HandleGenerationAborted(const v1::GenerationAborted& a) {
   if (!membership_ || a.aborted_generation() != membership_->generation()) {
     return;
   }
-  const absl::Status status = absl::AbortedError(absl::StrCat(
-      "generation ", a.aborted_generation(), " of job \"", job_,
-      "\" was aborted",
-      a.lost_node().empty()
-          ? ""
-          : absl::StrCat(": node ", a.lost_node(), " was lost"),
-      a.reason().empty() ? "" : absl::StrCat(" (", a.reason(), ")"),
-      "; re-sync and retry in the next generation"));
+  AbortGeneration(
+      a, absl::AbortedError(absl::StrCat(
+             "generation ", a.aborted_generation(), " of job \"", job_,
+             "\" was aborted",
+             a.lost_node().empty()
+                 ? ""
+                 : absl::StrCat(": node ", a.lost_node(), " was lost"),
+             a.reason().empty() ? "" : absl::StrCat(" (", a.reason(), ")"),
+             "; re-sync and retry in the next generation")));
+}
+
+void JobMembership::AbortGeneration(const v1::GenerationAborted& a,
+                                    const absl::Status& status) {
   aborted_[a.aborted_generation()] = status;
   LOG(WARNING) << JobLogPrefix() << status.message();
   state_ = State::kReforming;
@@ -452,8 +473,18 @@ void JobMembership::HandleError(uint64_t reply_to, const v1::Error& error) {
                      membership_ ? membership_->generation() : 0, " of job \"",
                      job_, "\" moved on without it (", error.message(),
                      "); re-sync and retry in the next generation"));
-    if (membership_) aborted_[membership_->generation()] = aborted;
-    if (data_plane_) RetireDataPlane(aborted);
+    if (membership_ && state_ == State::kRunning) {
+      // As if the abort the node missed had reached it (a node frozen past
+      // the liveness bound wakes up here): every operation of the old
+      // generation fails now, held ones included, and the trainers hear
+      // of it. Kept waiting, one would be run by the next generation's data
+      // plane, where no other node ever runs it.
+      v1::GenerationAborted missed;
+      missed.set_job(job_);
+      missed.set_aborted_generation(membership_->generation());
+      missed.set_reason(std::string(error.message()));
+      AbortGeneration(missed, aborted);
+    }
     state_ = State::kJoining;
     SendJoin();
     return;

@@ -155,6 +155,10 @@ class JobMembership {
   void HandleMembership(const v1::Membership& membership);
   void HandlePlan(const v1::TensorPlan& plan);
   void HandleGenerationAborted(const v1::GenerationAborted& aborted);
+  // Ends the running generation `a` names with `status`: its data plane,
+  // held failures and operations, and tells the trainers.
+  void AbortGeneration(const v1::GenerationAborted& a,
+                       const absl::Status& status);
   // Every declared tensor without an id that the plan names takes its id
   // and priority from it.
   void AssignPlannedIds();

@@ -15,11 +15,16 @@ Environment (set by elastic_test.py):
   ELASTIC_KILL     "NODE:STEP": in its first life, the trainer of node NODE
                    kills its agent and then itself (SIGKILL) after STEP
   ELASTIC_KILL_AGENT  "0": the trainer kills only itself (its agent stays)
+  ELASTIC_FREEZE   "NODE:STEP:SECONDS": in its first life, the trainer of
+                   node NODE stops its agent and then itself (SIGSTOP) after
+                   STEP, and a process it started beforehand continues both
+                   (SIGCONT) SECONDS later: a node frozen by the kernel
   ELASTIC_WRAP     NODE: that node's rank runs the trainer as a child and
                    starts it again once killed (the trainer-only case)
   ELASTIC_WAIT     "SIZE:STEP": at STEP, a rank of a job smaller than SIZE
                    waits (bounded) until the job re-forms (a node joined)
   ELASTIC_RESUME   a state file to start from (the undisturbed run)
+  ELASTIC_STEP_SECONDS  compute time of a step (a sleep), 0 by default
 """
 
 import faulthandler
@@ -35,8 +40,10 @@ import baton.torch as bt
 import baton.torch.elastic as elastic
 
 FEATURES, OUTPUTS, BATCH = 24, 8, 16
-COMMIT_EVERY = 4
+COMMIT_EVERY = int(os.environ.get("ELASTIC_COMMIT_EVERY", "4"))
 WAIT_FOR = 120.0  # never reached when things work
+# Compute time a step takes besides its communication.
+STEP_SECONDS = float(os.environ.get("ELASTIC_STEP_SECONDS", "0"))
 
 
 def batch(step, rank, size):
@@ -66,6 +73,18 @@ def agent_pid(socket):
     raise RuntimeError("no baton-agent serves %s" % socket)
 
 
+def freeze(agent, seconds):
+    """Has a process in a session of its own (so that nothing stops it with
+    us) stop `agent` and this process (SIGSTOP) a moment from now, while
+    this one goes on training (mid-step, as an operator's or the kernel's
+    freeze comes), and continue both `seconds` later."""
+    subprocess.Popen(
+        ["/bin/sh", "-c", "sleep 0.02; kill -STOP %d %d; sleep %s; kill -CONT %d %d"
+         % (agent, os.getpid(), seconds, agent, os.getpid())],
+        start_new_session=True,
+    )
+
+
 def wrapper():
     """Node ELASTIC_WRAP's rank under batonrun: runs the trainer as a child
     and starts it again once it was killed, so the node's agent stays and
@@ -85,6 +104,7 @@ def main():
     out = os.environ["ELASTIC_OUT"]
     steps = int(os.environ["ELASTIC_STEPS"])
     kill_node, kill_step = os.environ.get("ELASTIC_KILL", ":-1").split(":")
+    freeze_node, freeze_step, freeze_seconds = os.environ.get("ELASTIC_FREEZE", ":-1:0").split(":")
     wait_size, wait_step = (int(v) for v in os.environ.get("ELASTIC_WAIT", "0:-1").split(":"))
     socket = os.environ["BATON_AGENT_SOCKET"]
     node = node_of(socket)
@@ -133,6 +153,7 @@ def main():
                     time.sleep(0.05)
                 raise RuntimeError("no node joined within %.0f s" % WAIT_FOR)
             x, y = batch(state.step, bt.rank(), bt.size())
+            time.sleep(STEP_SECONDS)
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
@@ -143,6 +164,10 @@ def main():
                 if os.environ.get("ELASTIC_KILL_AGENT", "1") == "1":
                     os.kill(agent_pid(socket), signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
+            frozen = os.path.join(out, "frozen")
+            if node == freeze_node and state.step == int(freeze_step) and not os.path.exists(frozen):
+                open(frozen, "w").close()
+                freeze(agent_pid(socket), freeze_seconds)
             if state.step % COMMIT_EVERY == 0:
                 state.commit()
 
