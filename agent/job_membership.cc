@@ -174,6 +174,9 @@ void JobMembership::SendJoin() {
   join->set_expected_nodes(trainers_.params().expected_nodes());
   join->set_min_nodes(trainers_.params().min_nodes());
   join->set_partition_bytes(trainers_.params().partition_bytes());
+  if (trainers_.params().has_node_rank()) {
+    join->set_node_rank(trainers_.params().node_rank());
+  }
   // Joining again after the session was lost mid re-form: if the run ended
   // meanwhile, the coordinator says so instead of starting a new one.
   if (membership_) join->set_last_generation(membership_->generation());

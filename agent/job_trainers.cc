@@ -1,6 +1,7 @@
 #include "agent/job_trainers.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,12 @@ absl::Status JobTrainers::Attach(const std::shared_ptr<TrainerSink>& sink,
         "AttachRequest.partition_bytes is ", r.partition_bytes(),
         "; give 0 (the coordinator's default) or a positive multiple of 8"));
   }
+  if (r.has_node_rank() &&
+      (r.node_rank() < 0 || r.node_rank() >= r.expected_nodes())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AttachRequest.node_rank is ", r.node_rank(), "; it must be in 0..",
+        r.expected_nodes() - 1, " (expected_nodes - 1), or unset"));
+  }
   if (!r.scheduling().empty() && r.scheduling() != "priority" &&
       r.scheduling() != "fifo") {
     return absl::InvalidArgumentError(
@@ -119,6 +126,12 @@ absl::Status JobTrainers::Attach(const std::shared_ptr<TrainerSink>& sink,
     if (r.scheduling() != params_.scheduling()) {
       return differs("scheduling", "\"" + r.scheduling() + "\"",
                      "\"" + params_.scheduling() + "\"");
+    }
+    const auto node_rank = [](const v1::AttachRequest& a) {
+      return a.has_node_rank() ? std::to_string(a.node_rank()) : "unset";
+    };
+    if (node_rank(r) != node_rank(params_)) {
+      return differs("node_rank", node_rank(r), node_rank(params_));
     }
   }
   Trainer& trainer = trainers_[r.local_rank()];

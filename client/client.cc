@@ -229,9 +229,12 @@ absl::StatusOr<ClientOptions> ClientOptions::FromEnvironment() {
   ClientOptions o;
   o.socket = StringFromEnv("BATON_AGENT_SOCKET", o.socket);
   o.job = StringFromEnv("BATON_JOB", "");
+  // Under torchrun the job is its run (--rdzv_id), the same on every node.
+  if (o.job.empty()) o.job = StringFromEnv("TORCHELASTIC_RUN_ID", "");
   if (o.job.empty()) {
     return absl::InvalidArgumentError(
-        "BATON_JOB is not set: name the job this trainer belongs to");
+        "BATON_JOB is not set (nor torchrun's TORCHELASTIC_RUN_ID): name the "
+        "job this trainer belongs to");
   }
   absl::StatusOr<int64_t> v = IntFromEnv("LOCAL_RANK", 0);
   if (!v.ok()) return v.status();
@@ -247,6 +250,14 @@ absl::StatusOr<ClientOptions> ClientOptions::FromEnvironment() {
   v = IntFromEnv("BATON_MIN_NODES", 0);
   if (!v.ok()) return v.status();
   o.min_nodes = static_cast<int32_t>(*v);
+  v = IntFromEnv("GROUP_RANK", -1);
+  if (!v.ok()) return v.status();
+  if (*v < -1 || *v >= o.expected_nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable GROUP_RANK=", *v, " must be in 0..",
+                     o.expected_nodes - 1, " (the job's nodes - 1), or unset"));
+  }
+  o.node_rank = static_cast<int32_t>(*v);
   v = IntFromEnv("BATON_PARTITION_BYTES", 0);
   if (!v.ok()) return v.status();
   o.partition_bytes = *v;
@@ -337,6 +348,7 @@ class Client::Impl {
     attach->set_local_size(options.local_size);
     attach->set_expected_nodes(options.expected_nodes);
     attach->set_min_nodes(options.min_nodes);
+    if (options.node_rank >= 0) attach->set_node_rank(options.node_rank);
     attach->set_partition_bytes(options.partition_bytes);
     attach->set_scheduling(options.scheduling);
     attach->set_pid(getpid());

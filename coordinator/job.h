@@ -54,6 +54,8 @@ struct JobManager::Member {
   absl::Time reconnect_deadline;
   // In the sealed generation; -1 before the member's first seal.
   int32_t node_rank = -1;
+  // The rank its launcher gave it (JoinJob.node_rank); -1: none.
+  int32_t requested_node_rank = -1;
   int32_t rank_offset = 0;
   absl::Time joined;
   // Left with finished=true.

@@ -28,6 +28,7 @@ void JobManager::AddJoiner(Job& job, Session& session, uint64_t seq,
   member.node_name = session.node_name;
   member.data_address = join.data_address();
   member.local_size = join.local_size();
+  member.requested_node_rank = join.has_node_rank() ? join.node_rank() : -1;
   member.agent_instance = session.agent_instance;
   member.session = session.id;
   member.joined = clock_->Now();

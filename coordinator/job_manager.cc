@@ -152,6 +152,17 @@ absl::Status JobManager::CheckJoinMatchesJob(const Job& job,
   if (partition_bytes != job.partition_bytes) {
     return disagree("partition_bytes", partition_bytes, job.partition_bytes);
   }
+  if (!join.has_node_rank()) return absl::OkStatus();
+  for (const Member& member : job.members) {
+    if (member.node_rank < 0 && member.node_name != session.node_name &&
+        member.requested_node_rank == join.node_rank()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "JoinJob.node_rank ", join.node_rank(), " from node \"",
+          session.node_name, "\" is already taken by node \"", member.node_name,
+          "\" in job \"", job.name,
+          "\": give each node its own node rank (the trainers' GROUP_RANK)"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -165,6 +176,14 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
   BATON_RETURN_IF_ERROR(ValidateSizing("JoinJob", join.expected_nodes(),
                                        join.min_nodes(),
                                        join.partition_bytes()));
+  if (join.has_node_rank() &&
+      (join.node_rank() < 0 || join.node_rank() >= join.expected_nodes())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "JoinJob.node_rank is ", join.node_rank(), " but must be in 0..",
+        join.expected_nodes() - 1,
+        " (expected_nodes - 1): fix the trainers' GROUP_RANK, or unset it and "
+        "let the coordinator place the node"));
+  }
   Job* job = FindJob(join.job());
   if (job != nullptr && Ended(job->state) && join.last_generation() > 0 &&
       join.last_generation() <= job->generation) {
@@ -267,6 +286,29 @@ absl::Status JobManager::Join(Session& session, uint64_t seq,
   return absl::OkStatus();
 }
 
+void JobManager::PlaceRequestedRanks(std::vector<Member>& members) {
+  const size_t n = members.size();
+  std::vector<Member> placed(n);
+  std::vector<bool> taken(n, false);
+  std::vector<Member> rest;
+  for (Member& m : members) {
+    const size_t r = static_cast<size_t>(m.requested_node_rank);
+    if (m.requested_node_rank >= 0 && r < n && !taken[r]) {
+      taken[r] = true;
+      placed[r] = std::move(m);
+    } else {
+      rest.push_back(std::move(m));
+    }
+  }
+  size_t slot = 0;
+  for (Member& m : rest) {
+    while (taken[slot]) ++slot;
+    taken[slot] = true;
+    placed[slot] = std::move(m);
+  }
+  members = std::move(placed);
+}
+
 void JobManager::Seal(Job& job) {
   // Members sealed before keep their rank; a node that was in the name's
   // last sealed generation (it left and came back, or this is the name's
@@ -282,6 +324,11 @@ void JobManager::Seal(Job& job) {
   std::stable_sort(
       job.members.begin(), job.members.end(),
       [&key](const Member& a, const Member& b) { return key(a) < key(b); });
+  // In a run's first seal a node that its launcher gave a rank
+  // (JoinJob.node_rank, unique among them) takes exactly that one, and the
+  // others fill the gaps in the order above. Later seals ignore it: a node
+  // that joins a running job comes last, and the survivors keep their order.
+  if (job.state == v1::JOB_STATE_FORMING) PlaceRequestedRanks(job.members);
   job.Reindex();
   v1::Membership membership;
   membership.set_job(job.name);

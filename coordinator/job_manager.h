@@ -149,6 +149,9 @@ class JobManager {
   absl::Status CheckJoinMatchesJob(const Job& job, const v1::JoinJob& join,
                                    const Session& session) const;
   void Seal(Job& job);
+  // Puts every member that asked for a node rank (JoinJob.node_rank) at that
+  // index of `members`, the others in the gaps, keeping their order.
+  static void PlaceRequestedRanks(std::vector<Member>& members);
   // Removes `node_name` from the job for `why` (lost, left or timed out);
   // `cause` (kLost or kLeft) is the cause of the re-form this starts when
   // the job was running. Callers then ResealIfWhole, once per batch of

@@ -5,17 +5,20 @@
 //
 // Without --coordinator it starts an embedded cluster first: a
 // baton-coordinator on a free loopback port and one baton-agent per node
-// (n1..nN, each with its own socket), then P trainers per node. Nodes are
-// started one after the other, each once the previous one has joined, so
-// node k's trainers get ranks (k-1)*P .. k*P-1 and RANK is exact. With
+// (n1..nN, each with its own socket), then P trainers per node, every node
+// at once: node k's trainers get ranks (k-1)*P .. k*P-1, and GROUP_RANK=k-1
+// places the node when the job first forms, so RANK is exact. With
 // --coordinator it starts only this node's P trainers against the local
 // agent (--socket), the Kubernetes case.
 //
 // Trainers get the variables torchrun sets (LOCAL_RANK, LOCAL_WORLD_SIZE,
-// WORLD_SIZE; in an embedded cluster also RANK, MASTER_ADDR=127.0.0.1 and
-// a free MASTER_PORT), so torch.distributed.init_process_group's env://
-// rendezvous, which DistributedDataParallel needs, works unchanged; and
-// BATON_NODES and BATON_MIN_NODES (--min-nodes, by default --nodes).
+// WORLD_SIZE, ROLE_WORLD_SIZE, GROUP_WORLD_SIZE, TORCHELASTIC_RUN_ID (the
+// job), ROLE_NAME, TORCHELASTIC_RESTART_COUNT and _MAX_RESTARTS; in an
+// embedded cluster also RANK, ROLE_RANK, GROUP_RANK, MASTER_ADDR=127.0.0.1
+// and a free MASTER_PORT), so any script starts as under torchrun: one
+// that never uses baton, one whose torch.distributed.init_process_group
+// (env://) comes first; and BATON_NODES and BATON_MIN_NODES (--min-nodes,
+// by default --nodes).
 //
 // Every trainer's output is prefixed with its rank. SIGINT/SIGTERM are
 // forwarded to the trainers. When a trainer fails (in a job that is not
@@ -120,12 +123,6 @@ std::vector<std::string> SplitFlags(const std::string& flags) {
   return absl::StrSplit(flags, ' ', absl::SkipEmpty());
 }
 
-// Members of `job` as the coordinator reports them (0 while unknown).
-int Members(StatusClient& status, const std::string& job) {
-  absl::StatusOr<v1::JobStatus> job_status = status.GetJob(job);
-  return job_status.ok() ? job_status->members_size() : 0;
-}
-
 std::atomic<int> received_signal{0};
 
 class Launcher {
@@ -142,8 +139,8 @@ class Launcher {
   // The embedded coordinator `c` ended: starts it again on its address,
   // within --max_coordinator_restarts a minute. False, said why, when not.
   bool RestartCoordinator(Child& c);
-  // Starts the nodes one after the other, each once the previous one joined
-  // (embedded), or this node's trainers; false when one could not start.
+  // Starts every node of the embedded cluster, or this node's trainers;
+  // false when one could not start.
   bool StartNodes(NodeSupervisor& nodes);
   NodeSupervisor::Options NodeOptions(
       const std::vector<std::string>& command) const;
@@ -285,36 +282,13 @@ NodeSupervisor::Options Launcher::NodeOptions(
 }
 
 bool Launcher::StartNodes(NodeSupervisor& nodes) {
-  if (!embedded_) return nodes.Start(1);
-  StatusClient status(coordinator_, absl::Seconds(2));
-  for (int node = 1; node <= FLAGS_nodes; ++node) {
+  // Every node at once: GROUP_RANK places each node (the job's first seal
+  // orders the nodes by it), so RANK is exact whatever order the agents join
+  // in, and a script that first meets its peers through torch.distributed
+  // (every DDP script) finds them all started.
+  const int count = embedded_ ? FLAGS_nodes : 1;
+  for (int node = 1; node <= count; ++node) {
     if (!nodes.Start(node)) return false;
-    // The next node starts once this one joined: node ranks follow join
-    // order, so ranks are exactly as announced in RANK.
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (node < FLAGS_nodes && Members(status, FLAGS_job) < node &&
-           received_signal == 0) {
-      int wait_status = 0;
-      const pid_t pid = waitpid(-1, &wait_status, WNOHANG);
-      if (pid > 0) {
-        if (pid == coordinator_child_.pid && !coordinator_child_.done) {
-          coordinator_child_.done = true;
-          coordinator_child_.status = wait_status;
-          if (RestartCoordinator(coordinator_child_)) continue;
-        } else {
-          nodes.Reap(pid, wait_status);
-        }
-        // Something ended before its node joined: reported by the caller.
-        return true;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        Say(absl::StrCat("node n", node, " did not join job \"", FLAGS_job,
-                         "\" within 60 s; see ", dir_));
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
   }
   return true;
 }
@@ -326,10 +300,6 @@ int Launcher::Run(const std::vector<std::string>& command) {
 
   int exit_code = ok ? 0 : 1;
   std::string failure;
-  if (coordinator_child_.done) failure = CoordinatorEnded();
-  const std::string early = nodes.EarlyFailure();
-  if (!early.empty()) failure = early;
-  if (!failure.empty()) ok = false;
   // Wait for the trainers; a node that dies fails the job, or is restarted
   // or lost when the job is elastic.
   while (ok && nodes.TrainersRunning()) {

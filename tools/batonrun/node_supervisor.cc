@@ -120,17 +120,37 @@ std::string NodeSupervisor::StartTrainers(Node& node) {
         absl::StrCat("LOCAL_WORLD_SIZE=", p),
         absl::StrCat("BATON_NODES=", options_.nodes),
         absl::StrCat("BATON_MIN_NODES=", options_.min_nodes),
+        // What torchrun sets besides the ranks, for scripts that read it.
+        "TORCHELASTIC_RUN_ID=" + options_.job,
+        "ROLE_NAME=default",
+        absl::StrCat("TORCHELASTIC_RESTART_COUNT=", node.restart),
+        absl::StrCat("TORCHELASTIC_MAX_RESTARTS=", options_.restarts),
     };
     // A pod of an elastic job may join a job of any size (--coordinator):
     // only a first life of an embedded cluster knows the size for sure.
     if (node.restart == 0 && (options_.embedded || !elastic())) {
-      env.push_back(absl::StrCat("WORLD_SIZE=", options_.nodes * p));
+      const int world = options_.nodes * p;
+      env.push_back(absl::StrCat("WORLD_SIZE=", world));
+      env.push_back(absl::StrCat("ROLE_WORLD_SIZE=", world));
+      env.push_back(absl::StrCat("GROUP_WORLD_SIZE=", options_.nodes));
     } else {
       // Unset (Spawn drops a name without '='), also when inherited.
-      env.push_back("WORLD_SIZE");
-      env.push_back("RANK");
+      for (const char* name : {"WORLD_SIZE", "ROLE_WORLD_SIZE",
+                               "GROUP_WORLD_SIZE", "RANK", "ROLE_RANK"}) {
+        env.push_back(name);
+      }
     }
-    if (exact_rank) env.push_back(absl::StrCat("RANK=", rank));
+    if (exact_rank) {
+      // GROUP_RANK places the node (the job's first seal orders the nodes
+      // by it), so RANK holds whatever order the agents join in.
+      env.push_back(absl::StrCat("RANK=", rank));
+      env.push_back(absl::StrCat("ROLE_RANK=", rank));
+      env.push_back(absl::StrCat("GROUP_RANK=", node.index - 1));
+    } else if (options_.embedded) {
+      // A restarted node joins the running job where the coordinator
+      // places it.
+      env.push_back("GROUP_RANK");
+    }
     if (options_.master_port != 0) {
       // The same on every trainer: rank 0 hosts torch's store there.
       env.push_back("MASTER_ADDR=127.0.0.1");
@@ -162,33 +182,6 @@ NodeSupervisor::Node* NodeSupervisor::NodeOf(pid_t pid, Child** child) {
     }
   }
   return nullptr;
-}
-
-bool NodeSupervisor::Reap(pid_t pid, int status) {
-  Child* child = nullptr;
-  if (NodeOf(pid, &child) == nullptr) return false;
-  child->done = true;
-  child->status = status;
-  return true;
-}
-
-std::string NodeSupervisor::EarlyFailure() const {
-  std::string failure;
-  for (const Node& node : nodes_) {
-    const Child& agent = node.agent;
-    if (agent.done) {
-      failure = absl::StrCat(agent.name, " (pid ", agent.pid, ") ",
-                             Describe(agent.status), "; its log is in ",
-                             options_.dir);
-    }
-    for (const Child& trainer : node.trainers) {
-      if (trainer.done && Failed(trainer.status)) {
-        failure = absl::StrCat(trainer.name, " (pid ", trainer.pid, ") ",
-                               Describe(trainer.status));
-      }
-    }
-  }
-  return failure;
 }
 
 NodeSupervisor::Outcome NodeSupervisor::OnExit(pid_t pid, int status) {
@@ -313,7 +306,13 @@ StatusClient& NodeSupervisor::Coordinator() {
 
 v1::JobState NodeSupervisor::JobState() {
   const absl::StatusOr<v1::JobStatus> job = Coordinator().GetJob(options_.job);
-  return job.ok() ? job->state() : v1::JOB_STATE_UNSPECIFIED;
+  if (job.ok()) return job->state();
+  // No node joined yet (nodes start at once; an ended job stays known for
+  // the coordinator's --job_retention, longer than any batonrun waits).
+  if (job.status().code() == absl::StatusCode::kNotFound) {
+    return v1::JOB_STATE_FORMING;
+  }
+  return v1::JOB_STATE_UNSPECIFIED;
 }
 
 bool NodeSupervisor::AwaitNodeLeft(const Node& node) {

@@ -91,13 +91,6 @@ class NodeSupervisor {
   // said why, when something could not start.
   bool Start(int node);
 
-  // Marks the child `pid` as ended with `status`; false when it is not a
-  // node's. For children that end while the nodes are started one by one.
-  bool Reap(pid_t pid, int status);
-  // The last child reaped so far that failed (a trainer that did not exit
-  // 0, or an agent), as "<name> (pid P) <how it ended>"; "" when none.
-  std::string EarlyFailure() const;
-
   // The child `pid` ended with `status` while the job runs: restarts or
   // loses its node, or fails the job, as the class comment says. kGoOn for
   // a pid that is not a node's.
@@ -145,8 +138,8 @@ class NodeSupervisor {
   // Waits (bounded) until the coordinator does not list the node in the
   // job; false when interrupted.
   bool AwaitNodeLeft(const Node& node);
-  // The job's state at the coordinator; JOB_STATE_UNSPECIFIED when it
-  // cannot be asked or does not know the job.
+  // The job's state at the coordinator: FORMING also while no node joined
+  // it; JOB_STATE_UNSPECIFIED when the coordinator cannot be asked.
   v1::JobState JobState();
   StatusClient& Coordinator();
   Node* NodeOf(pid_t pid, Child** child);

@@ -20,7 +20,7 @@ namespace baton {
 struct ClientOptions {
   // The agent's unix socket (BATON_AGENT_SOCKET).
   std::string socket = "/tmp/baton-agent.sock";
-  // BATON_JOB.
+  // BATON_JOB, else torchrun's TORCHELASTIC_RUN_ID (its --rdzv_id).
   std::string job;
   // LOCAL_RANK / LOCAL_WORLD_SIZE.
   int32_t local_rank = 0;
@@ -29,6 +29,11 @@ struct ClientOptions {
   int32_t expected_nodes = 1;
   // BATON_MIN_NODES; 0 = expected_nodes.
   int32_t min_nodes = 0;
+  // The node rank the launcher gave this node (GROUP_RANK, as torchrun and
+  // batonrun set it), 0..expected_nodes-1: the job's first generation places
+  // the nodes by it, so that the launcher's RANK holds whatever order the
+  // nodes join in. -1 (unset): join order.
+  int32_t node_rank = -1;
   // BATON_PARTITION_BYTES; 0 = the coordinator's default.
   int64_t partition_bytes = 0;
   // BATON_SCHEDULING: "priority", "fifo", or "" for the agent's default.

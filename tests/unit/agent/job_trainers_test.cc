@@ -106,5 +106,39 @@ TEST_F(JobTrainersTest, CorruptRequestRingClosesThatTrainerOnly) {
   EXPECT_EQ(bad->closes.size(), 1u) << "closed again";
 }
 
+// GROUP_RANK reaches the coordinator as the node's JoinJob.node_rank: every
+// local rank must give the same, inside the job's nodes.
+TEST_F(JobTrainersTest, ANodeRankOutOfRangeOrDisagreeingIsRefused) {
+  v1::AttachRequest attach;
+  attach.set_job("job");
+  attach.set_local_size(2);
+  attach.set_expected_nodes(2);
+  attach.set_node_rank(2);
+  absl::Status status =
+      trainers_->Attach(std::make_shared<RecordingSink>(), attach, true);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("AttachRequest.node_rank is 2; it must be "
+                                  "in 0..1 (expected_nodes - 1), or unset"),
+            std::string::npos)
+      << status;
+
+  attach.set_node_rank(1);
+  ASSERT_TRUE(
+      trainers_->Attach(std::make_shared<RecordingSink>(), attach, true).ok());
+  attach.set_local_rank(1);
+  attach.clear_node_rank();
+  status = trainers_->Attach(std::make_shared<RecordingSink>(), attach, true);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("AttachRequest.node_rank is unset but the "
+                                  "trainers already attached to job \"job\" "
+                                  "on this node gave 1"),
+            std::string::npos)
+      << status;
+  attach.set_node_rank(1);
+  EXPECT_TRUE(
+      trainers_->Attach(std::make_shared<RecordingSink>(), attach, true).ok());
+  EXPECT_EQ(trainers_->params().node_rank(), 1);
+}
+
 }  // namespace
 }  // namespace baton::agent

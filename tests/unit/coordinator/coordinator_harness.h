@@ -50,8 +50,9 @@ class CoordinatorTest : public ::testing::Test {
     coordinator_->OnAgentMessage(agent.id, message);
   }
 
+  // `node_rank`: the launcher's (JoinJob.node_rank); -1: none.
   void Join(Agent& agent, const std::string& job, int local_size,
-            int expected_nodes, int min_nodes = 0) {
+            int expected_nodes, int min_nodes = 0, int node_rank = -1) {
     v1::AgentMessage message;
     auto* join = message.mutable_join();
     join->set_job(job);
@@ -59,6 +60,7 @@ class CoordinatorTest : public ::testing::Test {
     join->set_local_size(local_size);
     join->set_expected_nodes(expected_nodes);
     join->set_min_nodes(min_nodes);
+    if (node_rank >= 0) join->set_node_rank(node_rank);
     Send(agent, message);
   }
 

@@ -187,6 +187,70 @@ TEST_F(CoordinatorTest, SealsWithHeterogeneousTrainerCounts) {
   EXPECT_EQ(status.world_size(), 6);
 }
 
+// batonrun and torchrun start every node at once with RANK fixed up front
+// (GROUP_RANK): the first seal places the nodes by the launcher's node rank,
+// whatever order they join in.
+TEST_F(CoordinatorTest,
+       TheLaunchersNodeRanksPlaceTheNodesWhateverTheJoinOrder) {
+  Agent a = Connect("a"), b = Connect("b"), c = Connect("c"), d = Connect("d");
+  Join(c, "job", 2, 4, 0, /*node_rank=*/2);
+  Join(d, "job", 1, 4, 0, /*node_rank=*/3);
+  Join(a, "job", 2, 4, 0, /*node_rank=*/0);
+  Join(b, "job", 1, 4, 0, /*node_rank=*/1);
+  auto memberships = c.Received(v1::CoordinatorMessage::kMembership);
+  ASSERT_THAT(memberships, SizeIs(1));
+  const v1::Membership& m = memberships[0].membership();
+  EXPECT_EQ(m.self().node_rank(), 2);
+  EXPECT_EQ(m.self().rank_offset(), 3);
+  memberships = a.Received(v1::CoordinatorMessage::kMembership);
+  ASSERT_THAT(memberships, SizeIs(1));
+  EXPECT_THAT(NodeNames(memberships[0].membership()),
+              ElementsAre("a", "b", "c", "d"));
+  EXPECT_EQ(memberships[0].membership().nodes(3).rank_offset(), 5);
+}
+
+TEST_F(CoordinatorTest, ANodeRankOutOfRangeOrTakenIsRefused) {
+  Agent a = Connect("a"), b = Connect("b"), c = Connect("c");
+  Join(a, "job", 1, 2, 0, /*node_rank=*/2);
+  EXPECT_EQ(a.LastError().code(),
+            static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(a.LastError().message(),
+              HasSubstr("JoinJob.node_rank is 2 but must be in 0..1"));
+  EXPECT_EQ(coordinator_->ListJobs().jobs_size(), 0);
+  Join(a, "job", 1, 2, 0, /*node_rank=*/1);
+  Join(b, "job", 1, 2, 0, /*node_rank=*/1);
+  EXPECT_EQ(b.LastError().code(),
+            static_cast<int>(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(b.LastError().message(),
+              HasSubstr("JoinJob.node_rank 1 from node \"b\" is already "
+                        "taken by node \"a\" in job \"job\""));
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_FORMING);
+  // A node without a rank takes what is left.
+  Join(c, "job", 1, 2);
+  auto memberships = a.Received(v1::CoordinatorMessage::kMembership);
+  ASSERT_THAT(memberships, SizeIs(1));
+  EXPECT_THAT(NodeNames(memberships[0].membership()), ElementsAre("c", "a"));
+}
+
+// A node rank is for the run's first seal: a node that joins the running job
+// later (a restart, a frozen node back) comes last, and the survivors keep
+// their order.
+TEST_F(CoordinatorTest, AJoinerOfARunningJobComesLastWhateverRankItGives) {
+  Agent a = Connect("a"), b = Connect("b"), c = Connect("c");
+  Join(a, "job", 1, 3, 2, /*node_rank=*/0);
+  Join(b, "job", 1, 3, 2, /*node_rank=*/1);
+  Join(c, "job", 1, 3, 2, /*node_rank=*/2);
+  coordinator_->OnSessionClosed(b.id, "crashed");
+  Agent back = Connect("b", "i-b-again");
+  Join(back, "job", 1, 3, 2, /*node_rank=*/1);
+  AdmitJoins(a, "job", 2);
+  auto memberships = a.Received(v1::CoordinatorMessage::kMembership);
+  ASSERT_THAT(memberships, SizeIs(3));
+  EXPECT_EQ(memberships[2].membership().generation(), 3);
+  EXPECT_THAT(NodeNames(memberships[2].membership()),
+              ElementsAre("a", "c", "b"));
+}
+
 TEST_F(CoordinatorTest, DuplicateNodeNameIsRejected) {
   Agent a = Connect("n0", "first"), dup = Connect("n0", "second");
   Join(a, "job", 1, 2);

@@ -1,0 +1,145 @@
+#!/usr/bin/python3
+"""Any script starts under baton's launch paths (issue 34, part 1): the
+trainers (launch_trainer.py) are scripts as users write them, and the test
+checks each one's exit and what it printed. One scenario per run (the
+argument), so that ctest runs them as separate tests:
+
+  plain      batonrun --nodes 2 --procs-per-node 2, a DDP script over gloo
+             with no baton in it; every rank ends 0
+  ddp_first  the same with a script that calls init_process_group("gloo")
+             first (batonrun starts every node at once, so it finds its
+             peers), then bt.init() and baton's DDP comm hook: baton's
+             ranks are the launcher's, the parameters DDP's over gloo
+  torchrun   a coordinator and two agents running (as the DaemonSet would
+             on a cluster), and the ddp_first script started with exactly
+             the environment torchrun gives its workers (Debian's torchrun
+             fails on Python 3.11 before it starts a worker), node 1's
+             trainers before node 0's: GROUP_RANK places the nodes
+
+Every wait is bounded, so that a broken build fails instead of hanging."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BATONRUN = os.environ["BATONRUN"]
+BIN = os.path.dirname(BATONRUN)
+TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_trainer.py")
+TIMEOUT = 240
+
+
+def check(condition, what, output):
+    if not condition:
+        raise AssertionError("%s\n--- output:\n%s" % (what, output))
+
+
+def expect_ranks(mode, out, world):
+    for rank in range(world):
+        check("%s ok rank %d of %d" % (mode, rank, world) in out, "rank %d did not finish" % rank, out)
+
+
+def batonrun(mode):
+    done = subprocess.run(
+        [BATONRUN, "--nodes", "2", "--procs-per-node", "2", "--job", "launch-" + mode.replace("_", "-"),
+         "--", sys.executable, TRAINER, mode],
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    output = done.stdout + done.stderr
+    check(done.returncode == 0, "batonrun exited %d" % done.returncode, output)
+    expect_ranks(mode, done.stdout, 4)
+
+
+def test_plain():
+    batonrun("plain")
+
+
+def test_ddp_first():
+    batonrun("ddp_first")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ready_line(process, prefix, deadline):
+    """The rest of the first line of `process`'s stdout that starts with
+    `prefix`."""
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        if line.startswith(prefix):
+            return line[len(prefix):].split()[0]
+    raise AssertionError("%s did not print %r" % (process.args[0], prefix))
+
+
+def test_torchrun():
+    workdir = tempfile.mkdtemp(prefix="launch-torchrun-")
+    processes = []
+    try:
+        deadline = time.monotonic() + 30
+        coordinator = subprocess.Popen(
+            [os.path.join(BIN, "baton-coordinator"), "--listen=127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=open(os.path.join(workdir, "coordinator.log"), "w"), text=True)
+        processes.append(coordinator)
+        address = ready_line(coordinator, "baton-coordinator listening on ", deadline)
+        sockets = []
+        for node in range(2):
+            sock = os.path.join(workdir, "agent%d.sock" % node)
+            agent = subprocess.Popen(
+                [os.path.join(BIN, "baton-agent"), "--coordinator=" + address, "--node=host%d" % node,
+                 "--socket=" + sock],
+                stdout=subprocess.PIPE, stderr=open(os.path.join(workdir, "agent%d.log" % node), "w"), text=True)
+            processes.append(agent)
+            ready_line(agent, "baton-agent ", deadline)
+            sockets.append(sock)
+        master_port = free_port()
+        trainers = []
+        # Node 1 first: its agent joins first, yet its ranks are 2 and 3.
+        for node in (1, 0):
+            for local in range(2):
+                env = dict(os.environ)
+                for name in ("BATON_JOB", "BATON_NODES", "BATON_COORDINATOR"):
+                    env.pop(name, None)
+                env.update({
+                    "BATON_AGENT_SOCKET": sockets[node],
+                    # torchrun's worker environment, as its elastic agent sets it.
+                    "RANK": str(2 * node + local), "LOCAL_RANK": str(local), "GROUP_RANK": str(node),
+                    "ROLE_RANK": str(2 * node + local), "ROLE_NAME": "default",
+                    "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4", "ROLE_WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+                    "TORCHELASTIC_RUN_ID": "launch-torchrun", "TORCHELASTIC_RESTART_COUNT": "0",
+                    "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "False",
+                })
+                trainers.append(subprocess.Popen([sys.executable, TRAINER, "ddp_first"], env=env,
+                                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            time.sleep(1)
+        processes += trainers
+        output = ""
+        codes = []
+        for trainer in trainers:
+            out, _ = trainer.communicate(timeout=TIMEOUT)
+            output += out
+            codes.append(trainer.returncode)
+        check(codes == [0, 0, 0, 0], "trainers exited %s" % codes, output)
+        expect_ranks("ddp_first", output, 4)
+    finally:
+        for process in reversed(processes):
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or "test_" + sys.argv[1] not in globals():
+        sys.exit("usage: launch_test.py plain|ddp_first|torchrun")
+    start = time.monotonic()
+    globals()["test_" + sys.argv[1]]()
+    print("ok %s (%.1f s)" % (sys.argv[1], time.monotonic() - start))
