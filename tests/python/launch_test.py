@@ -10,6 +10,10 @@ argument), so that ctest runs them as separate tests:
              first (batonrun starts every node at once, so it finds its
              peers), then bt.init() and baton's DDP comm hook: baton's
              ranks are the launcher's, the parameters DDP's over gloo
+  uncaught   a script whose gradient hook raises in backward, uncaught, on
+             every rank (baton's gradients in shared memory): every trainer
+             exits 1 at once, and so does batonrun (torch 1.13 used to wait
+             forever at exit freeing the interrupted backward pass)
   torchrun   a coordinator and two agents running (as the DaemonSet would
              on a cluster), and the ddp_first script started with exactly
              the environment torchrun gives its workers (Debian's torchrun
@@ -19,6 +23,7 @@ argument), so that ctest runs them as separate tests:
 Every wait is bounded, so that a broken build fails instead of hanging."""
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -59,6 +64,19 @@ def test_plain():
 
 def test_ddp_first():
     batonrun("ddp_first")
+
+
+def test_uncaught():
+    done = subprocess.run(
+        [BATONRUN, "--nodes", "2", "--procs-per-node", "1", "--job", "launch-uncaught",
+         "--", sys.executable, TRAINER, "hook_error"],
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    output = done.stdout + done.stderr
+    check(done.returncode == 1, "batonrun exited %d, not 1" % done.returncode, output)
+    check("a user's gradient hook failed" in output, "no trainer reported the hook's error", output)
+    check(re.search(r"^batonrun: rank [01] \(pid \d+\) exited with code 1; stopped the others$",
+                    done.stderr, re.MULTILINE), "batonrun did not name a rank that exited 1", output)
 
 
 def free_port():
@@ -139,7 +157,7 @@ def test_torchrun():
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or "test_" + sys.argv[1] not in globals():
-        sys.exit("usage: launch_test.py plain|ddp_first|torchrun")
+        sys.exit("usage: launch_test.py plain|ddp_first|uncaught|torchrun")
     start = time.monotonic()
     globals()["test_" + sys.argv[1]]()
     print("ok %s (%.1f s)" % (sys.argv[1], time.monotonic() - start))

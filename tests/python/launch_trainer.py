@@ -10,7 +10,14 @@ would).
                                DDP with the hook ends with the parameters of
                                DDP over gloo (1e-6) after 20 steps
 
-Each prints "<mode> ok rank R of W" at the end."""
+  launch_trainer.py hook_error  DistributedOptimizer (gradients in baton's
+                               shared memory), and a hook on a gradient's
+                               AccumulateGrad node (where the optimizers
+                               hook) that raises in the third backward
+                               pass, uncaught:
+                               the process must end (exit code 1)
+
+Each prints "<mode> ok rank R of W" at the end (hook_error never does)."""
 
 import datetime
 import os
@@ -79,10 +86,37 @@ def ddp_first():
     return rank, size
 
 
+def hook_error():
+    import baton.torch as bt
+
+    bt.init()
+    model = make_model()
+    optimizer = bt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                        named_parameters=model.named_parameters())
+    steps = [0]
+
+    def hook(*_):
+        if steps[0] == 2:
+            raise RuntimeError("a user's gradient hook failed")
+
+    # On the gradient's AccumulateGrad node, after the optimizer's own hook
+    # (which started the push-pull of the shared-memory .grad).
+    bias = model[2].bias
+    bias.expand_as(bias).grad_fn.next_functions[0][0].register_hook(hook)
+    for step in range(STEPS):
+        steps[0] = step
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return bt.rank(), bt.size()
+
+
 def main():
     torch.set_num_threads(1)
     mode = sys.argv[1]
-    rank, size = {"plain": plain, "ddp_first": ddp_first}[mode]()
+    rank, size = {"plain": plain, "ddp_first": ddp_first, "hook_error": hook_error}[mode]()
     dist.destroy_process_group()
     print("%s ok rank %d of %d" % (mode, rank, size), flush=True)
     return 0

@@ -132,6 +132,30 @@ def test_num_steps_smaller_than_the_real_count_finishes_with_every_update():
     assert_same(model, reference(sgd, STEPS), "num_steps too small")
 
 
+def test_scheduled_over_a_distributed_optimizer_is_the_plain_form():
+    """BytePS's CrossBarrier form, ScheduledOptimizer(model,
+    DistributedOptimizer(opt, named_parameters), num_steps): the gradients
+    go once (before, both pushed them and backward raised 'already has an
+    operation in flight', then the trainers hung at exit), and the result
+    is the plain form's, bit for bit."""
+    wrapped = {}
+
+    def distributed_sgd(model):
+        wrapped["optimizer"] = bt.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+        return wrapped["optimizer"]
+
+    model = train_scheduled(distributed_sgd, STEPS, STEPS, with_scheduler=True)
+    plain = train_scheduled(sgd, STEPS, STEPS, with_scheduler=True)
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        assert torch.equal(p, q), "%s differs from the plain form's" % name
+    try:
+        wrapped["optimizer"].synchronize()
+    except ValueError as e:
+        assert "driven by a ScheduledOptimizer" in str(e), e
+    else:
+        raise AssertionError("the wrapped DistributedOptimizer synchronized on its own")
+
+
 def test_results_and_gradients_live_in_shared_memory():
     """ScheduledOptimizer's averaged gradients land in the push-pulls' shared
     result regions (nothing copied out) while p.grad stays the user's: the

@@ -21,6 +21,8 @@ place. Between nodes they travel over the agents' data plane.
 
 import atexit
 import io
+import os
+import signal
 import sys
 import threading
 import time
@@ -72,6 +74,8 @@ _DTYPES = {
 
 _lock = threading.Lock()
 _session = None
+# Whether this process ever attached (its tensors may view shared memory).
+_session_ever_started = False
 # Things to drain before the session closes (ScheduledOptimizers).
 _drainers = weakref.WeakSet()
 # handle id -> _Pending; ids are never reused.
@@ -151,11 +155,12 @@ def init(attach_timeout=None):
     (at most `attach_timeout` seconds; default 300). Calling it again while
     initialized does nothing.
     """
-    global _session
+    global _session, _session_ever_started
     with _lock:
         if _session is not None:
             return
         _session = _baton.Session.init(attach_timeout)
+        _session_ever_started = True
 
 
 def is_initialized():
@@ -222,10 +227,35 @@ def _shutdown_at_exit():
     # An uncaught exception (sys.last_value) means this rank will not do
     # its part of what is in flight: draining would only keep the peers
     # waiting for it.
+    error = getattr(sys, "last_value", None)
     try:
-        shutdown(0.0 if getattr(sys, "last_value", None) is not None else 60.0)
+        shutdown(0.0 if error is not None else 60.0)
     except Exception as e:  # noqa: B902
         sys.stderr.write("baton: shutdown at exit: %s\n" % e)
+    if error is not None and _session_ever_started:
+        _exit_now(error)
+
+
+def _exit_now(error):
+    """Ends the process as Python would after the uncaught `error` (exit
+    code 1; death by SIGINT for KeyboardInterrupt), without the rest of the
+    interpreter's finalization: torch 1.13 keeps a backward pass that an
+    error interrupted (in a gradient hook, say) in a C++ thread-local, and
+    frees it after the interpreter is gone; freeing a tensor that views
+    baton's shared memory then waits forever for the GIL, and the trainer
+    never exits."""
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: B902 - a closed stream: nothing to flush
+            pass
+    if isinstance(error, KeyboardInterrupt):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(1)
 
 
 atexit.register(_shutdown_at_exit)

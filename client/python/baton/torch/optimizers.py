@@ -81,6 +81,10 @@ def _accumulate_in_shared_memory(named_params):
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
+    # Set by a ScheduledOptimizer that wraps this one (BytePS's CrossBarrier
+    # form): it push-pulls the gradients itself, so the hooks stand down.
+    _scheduled = False
+
     def __init__(self, params, named_parameters, backward_passes_per_step, state):
         super(self.__class__, self).__init__(params)
         self.state = state
@@ -112,6 +116,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*_):
+            if self._scheduled:
+                return
             if p in self._handles and self._delay[p] <= 0:
                 raise AssertionError(
                     "parameter %s got more than backward_passes_per_step=%d "
@@ -131,6 +137,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         (an unused branch), so every rank starts the same operations and
         ends with the same p.grad. A parameter switched on since it was
         created gets its hook here, from the next step on."""
+        if self._scheduled:
+            raise ValueError(
+                "this DistributedOptimizer is driven by a ScheduledOptimizer, which "
+                "averages the gradients itself: call the ScheduledOptimizer's step()"
+            )
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad and p not in self._handles:
@@ -196,6 +207,27 @@ def DistributedOptimizer(optimizer, named_parameters=None, backward_passes_per_s
         dict(_DistributedOptimizer.__dict__),
     )
     return cls(optimizer.param_groups, named_parameters, backward_passes_per_step, optimizer.state)
+
+
+def _distributed_names(optimizer):
+    """{param: tensor name} of a DistributedOptimizer that a ScheduledOptimizer
+    may wrap; None for a plain optimizer."""
+    if getattr(optimizer, "_scheduled", None) is None or not hasattr(optimizer, "_names"):
+        return None
+    if optimizer._scheduled:
+        raise ValueError("this DistributedOptimizer is wrapped by a ScheduledOptimizer already")
+    if optimizer.backward_passes_per_step != 1:
+        raise ValueError(
+            "ScheduledOptimizer cannot wrap a DistributedOptimizer with "
+            "backward_passes_per_step=%d: it applies every step's gradients"
+            % optimizer.backward_passes_per_step
+        )
+    if optimizer._handles:
+        raise ValueError(
+            "the DistributedOptimizer has push-pulls in flight: wrap it in a "
+            "ScheduledOptimizer before the first backward pass"
+        )
+    return optimizer._names
 
 
 class _ParamStateView:
@@ -274,6 +306,12 @@ class ScheduledOptimizer:
     def __init__(self, model, optimizer, num_steps=10**6):
         if not isinstance(model, torch.nn.Module):
             raise ValueError("model must be a torch.nn.Module, not %s" % type(model).__name__)
+        # BytePS's form (its CrossBarrier wraps a DistributedOptimizer): the
+        # gradients go once, through this class's per-parameter push-pulls
+        # under the DistributedOptimizer's names, and updates run its
+        # wrapped optimizer's own step().
+        distributed = _distributed_names(optimizer)
+        self._step_class = type(optimizer).__mro__[1] if distributed is not None else type(optimizer)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(
                 "optimizer must be a torch.optim.Optimizer, not %s" % type(optimizer).__name__
@@ -303,7 +341,15 @@ class ScheduledOptimizer:
         self._slots = {}
         for name, p in model.named_parameters():
             if p in group_of:
-                self._slots[p] = _Slot("Gradient." + name, p, len(self._slots), group_of[p])
+                gradient = (distributed or {}).get(p, "Gradient." + name)
+                self._slots[p] = _Slot(gradient, p, len(self._slots), group_of[p])
+        if distributed is not None:
+            optimizer._scheduled = True
+            # Its .grad tensors are its push-pulls' shared inputs; here the
+            # next zero_grad() runs while they are in flight: private again.
+            for p in group_of:
+                if p.grad is not None:
+                    p.grad = p.grad.detach().clone()
         trained = [s for s in self._slots.values() if s.param.requires_grad]
         _bt.declare_many([(s.name, s.param) for s in trained])
         self._cv = threading.Condition()
@@ -582,8 +628,8 @@ class ScheduledOptimizer:
                 params[id(alias)] = slot.param
             group = dict(snapshot[g])
             group["params"] = aliases
-            view = object.__new__(type(optimizer))
+            view = object.__new__(self._step_class)
             view.__dict__.update(optimizer.__dict__)
             view.__dict__["param_groups"] = [group]
             view.__dict__["state"] = _ParamStateView(optimizer.state, params)
-            type(optimizer).step(view)
+            self._step_class.step(view)
