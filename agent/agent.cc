@@ -6,7 +6,7 @@
 #include "absl/time/time.h"
 #include "agent/rendezvous_client.h"
 #include "agent/transport/gloo/gloo_transport.h"
-#include "agent/transport/tcp_transport.h"
+#include "agent/transport/tcp/tcp_transport.h"
 #include "common/grpc_util.h"
 #include "common/log_context.h"
 #include "common/shm.h"

@@ -27,9 +27,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "agent/scheduler/negotiation_wire.h"
 #include "agent/transport/memory_key_value_store.h"
-#include "agent/transport/tcp_transport.h"
+#include "agent/transport/negotiation_wire.h"
+#include "agent/transport/tcp/tcp_transport.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 

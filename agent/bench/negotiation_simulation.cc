@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "agent/scheduler/negotiation_tree.h"
+#include "agent/transport/negotiation_tree.h"
 #include "glog/logging.h"
 
 namespace baton::agent::sim {

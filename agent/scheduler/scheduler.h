@@ -17,10 +17,10 @@
 #include "agent/scheduler/executor.h"
 #include "agent/scheduler/launch_queue.h"
 #include "agent/scheduler/negotiation.h"
-#include "agent/scheduler/negotiation_wire.h"
 #include "agent/scheduler/operation.h"
 #include "agent/scheduler/partition_tuner.h"
 #include "agent/scheduler/timeline_recorder.h"
+#include "agent/transport/negotiation_wire.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
 

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "agent/scheduler/negotiation_tree.h"
+#include "agent/transport/negotiation_tree.h"
 
 namespace baton::agent {
 

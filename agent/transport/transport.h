@@ -9,10 +9,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "agent/scheduler/negotiation_wire.h"
 #include "agent/transport/collective_options.h"
 #include "agent/transport/key_value_store.h"
 #include "agent/transport/negotiation_choice.h"
+#include "agent/transport/negotiation_wire.h"
 #include "baton/v1/common.pb.h"
 
 namespace baton::agent {

@@ -1,7 +1,7 @@
 // What an agent reads from a peer before any data crosses: the data-plane
-// introduction and its reply (agent/transport/tcp_introduction.h), under a
+// introduction and its reply (agent/transport/tcp/tcp_introduction.h), under a
 // fixed key prefix and secret, and a peer's publication in the rendezvous
-// store (agent/transport/tcp_publication.h). The first byte picks which:
+// store (agent/transport/tcp/tcp_publication.h). The first byte picks which:
 //
 //   0: the rest is an introduction as an accepting node reads it;
 //   1: 4 bytes of acceptor rank and 8 of link id, then a reply as the
@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "agent/transport/tcp_introduction.h"
-#include "agent/transport/tcp_link.h"
-#include "agent/transport/tcp_publication.h"
+#include "agent/transport/tcp/tcp_introduction.h"
+#include "agent/transport/tcp/tcp_link.h"
+#include "agent/transport/tcp/tcp_publication.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace baton::agent::tcp {

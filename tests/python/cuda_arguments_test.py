@@ -26,7 +26,7 @@ def raises(error, call, *texts):
 
 
 def session():
-    return bt._require()
+    return bt._core._require()
 
 
 def test_declare_checks_each_cuda_buffer_naming_the_field():

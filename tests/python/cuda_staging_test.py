@@ -204,7 +204,7 @@ class FakeSession:
             staging.fill_(7)
 
     def shutdown(self, drain_timeout):
-        self.shutdown_saw_slots = len(bt._device_slots)
+        self.shutdown_saw_slots = len(bt._core._device_slots)
         self.log.append(("shutdown",))
 
 
@@ -230,7 +230,7 @@ class CudaTestCase(unittest.TestCase):
         self.cuda = FakeCuda(self.log, everything=self.everything)
         self.cuda.install(self)
         self.session = FakeSession(self.cuda, self.log, rank=self.rank)
-        bt._session = self.session
+        bt._core._session = self.session
         self.addCleanup(bt.shutdown)
 
     def events(self, kind):
@@ -258,7 +258,7 @@ class PushPullTest(CudaTestCase):
         self.assertIsNot(result, tensor)
         self.assertTrue(torch.equal(result, torch.tensor([11.0, 12.0, 13.0])))
         self.assertTrue(torch.equal(tensor, torch.tensor([1.0, 2.0, 3.0])))
-        self.assertNotEqual(result.data_ptr(), bt._device_slots["g"].staging.data_ptr())
+        self.assertNotEqual(result.data_ptr(), bt._core._device_slots["g"].staging.data_ptr())
 
         # The next step, in place, reuses the staging tensor and the
         # declaration.
@@ -269,7 +269,7 @@ class PushPullTest(CudaTestCase):
         self.assertIs(bt.synchronize(handle), tensor)
         self.assertEqual(self.kinds()[4:], ["synchronize", "record", "enqueue", "synchronize"])
         self.assertTrue(torch.equal(tensor, torch.tensor([7.0, 7.5, 8.0])))
-        self.assertEqual(len(bt._device_slots), 1)
+        self.assertEqual(len(bt._core._device_slots), 1)
         self.assertEqual(len(self.events("allocate")), 1)
 
     def test_push_pull_returns_a_new_tensor_and_push_pull_inplace_the_input(self):
@@ -316,7 +316,7 @@ class PushPullTest(CudaTestCase):
             bt.push_pull_async(cuda_tensor([5.0, 5.0]), name="g")
         self.assertEqual(raised.exception.code, "FAILED_PRECONDITION")
         self.assertIn('"g" already has an operation in flight', str(raised.exception))
-        self.assertTrue(torch.equal(bt._device_slots["g"].staging, torch.tensor([1.0, 2.0])))
+        self.assertTrue(torch.equal(bt._core._device_slots["g"].staging, torch.tensor([1.0, 2.0])))
         self.assertEqual(len(self.events("enqueue")), 1)
         bt.synchronize(handle)
         self.assertTrue(torch.equal(first, torch.tensor([5.5, 6.0])))
@@ -346,9 +346,9 @@ class PushPullTest(CudaTestCase):
         with self.assertRaises(ValueError) as raised:
             bt.push_pull_async(tensor, name="g")
         self.assertEqual(raised.exception.code, "FAILED_PRECONDITION")
-        self.assertEqual(bt._device_slots, {})
+        self.assertEqual(bt._core._device_slots, {})
         self.assertEqual(self.events("enqueue"), [])
-        self.assertEqual(bt._unnamed_busy, {})
+        self.assertEqual(bt._core._unnamed_busy, {})
         # Accepted later: declared with a fresh staging tensor.
         bt.push_pull_inplace(tensor, average=False, name="g")
         self.assertEqual(len(self.events("allocate")), 2)
@@ -356,26 +356,26 @@ class PushPullTest(CudaTestCase):
 
     def test_another_shape_declares_the_name_anew_with_its_own_staging_tensor(self):
         bt.push_pull(cuda_tensor([1.0, 2.0, 3.0]), average=False, name="g")
-        first = bt._device_slots["g"]
+        first = bt._core._device_slots["g"]
         tensor = cuda_tensor([1.0, 2.0, 3.0, 4.0])
         bt.push_pull_inplace(tensor, average=False, name="g")
         self.assertTrue(torch.equal(tensor, torch.tensor([11.0, 12.0, 13.0, 14.0])))
         self.assertEqual(self.session.versions, {"g": 1})
-        self.assertIsNot(bt._device_slots["g"], first)
-        self.assertEqual(bt._device_slots["g"].shape, (4,))
+        self.assertIsNot(bt._core._device_slots["g"], first)
+        self.assertEqual(bt._core._device_slots["g"].shape, (4,))
         # The agent holds the old staging tensor open until shutdown.
-        self.assertEqual(bt._retired_slots, [first])
+        self.assertEqual(bt._core._retired_slots, [first])
         self.assertEqual(len(self.events("allocate")), 2)
 
     def test_another_shape_while_in_flight_is_refused_before_anything_is_written(self):
         handle = bt.push_pull_async(cuda_tensor([1.0, 2.0, 3.0]), average=False, name="g")
-        slot = bt._device_slots["g"]
+        slot = bt._core._device_slots["g"]
         staging = slot.staging.clone()
         with self.assertRaises(ValueError) as raised:
             bt.push_pull_async(cuda_tensor([9.0, 9.0, 9.0, 9.0]), name="g")
         self.assertEqual(raised.exception.code, "FAILED_PRECONDITION")
         self.assertIn('tensor "g" already has an operation in flight', str(raised.exception))
-        self.assertIs(bt._device_slots["g"], slot)
+        self.assertIs(bt._core._device_slots["g"], slot)
         self.assertTrue(torch.equal(slot.staging, staging))
         self.assertEqual(len(self.events("allocate")), 1)
         self.assertEqual(len(self.events("enqueue")), 1)
@@ -383,18 +383,18 @@ class PushPullTest(CudaTestCase):
 
     def test_another_device_declares_the_name_anew(self):
         bt.declare("g", cuda_tensor([1.0]))
-        first = bt._device_slots["g"]
+        first = bt._core._device_slots["g"]
         first.device = torch.device("meta")
         tensor = cuda_tensor([1.0])
         bt.push_pull_inplace(tensor, average=False, name="g")
         self.assertTrue(torch.equal(tensor, torch.tensor([11.0])))
         self.assertEqual(self.session.versions, {"g": 1})
-        self.assertEqual(bt._retired_slots, [first])
+        self.assertEqual(bt._core._retired_slots, [first])
 
     def test_output_for_optimizers_leaves_the_gradient_alone(self):
         gradient = cuda_tensor([2.0, 4.0])
         output = torch.empty(2)
-        handle = bt._push_pull_async_to(gradient, output, "Gradient.w")
+        handle = bt._core._push_pull_async_to(gradient, output, "Gradient.w")
         self.assertIs(bt.synchronize(handle), output)
         self.assertTrue(torch.equal(output, torch.tensor([6.0, 7.0])))
         self.assertTrue(torch.equal(gradient, torch.tensor([2.0, 4.0])))
@@ -411,7 +411,7 @@ class PushPullTest(CudaTestCase):
         self.assertEqual(names, ["PushPull.noname.cuda.float32.2.0", "PushPull.noname.cuda.float32.2.1"])
         self.assertEqual(self.events("host push_pull"), [("host push_pull", "PushPull.noname.float32.2.0")])
         self.assertEqual(
-            bt._unnamed_busy, {(True, "torch.float32", (2,)): set(), (False, "torch.float32", (2,)): set()}
+            bt._core._unnamed_busy, {(True, "torch.float32", (2,)): set(), (False, "torch.float32", (2,)): set()}
         )
 
     def test_streams_a_copy_on_another_stream_waits_for_the_last_one(self):
@@ -447,8 +447,8 @@ class MixedDeclarationTest(CudaTestCase):
             ],
         )
         self.assertEqual([b[0] for b in buffers], [1])
-        self.assertEqual(sorted(bt._device_slots), ["b"])
-        self.assertTrue(bt._device_slots["b"].declared)
+        self.assertEqual(sorted(bt._core._device_slots), ["b"])
+        self.assertTrue(bt._core._device_slots["b"].declared)
         # A use after the declaration costs no second round trip.
         bt.push_pull(cuda_tensor([1, 2, 3], torch.int64), average=False, name="b")
         self.assertEqual(len(self.events("declare")), 1)
@@ -457,7 +457,7 @@ class MixedDeclarationTest(CudaTestCase):
         bt.declare("b", cuda_tensor([1.0]))
         bt.shutdown()
         self.assertEqual(self.session.shutdown_saw_slots, 1)
-        self.assertEqual(bt._device_slots, {})
+        self.assertEqual(bt._core._device_slots, {})
 
 
 class BroadcastRootTest(CudaTestCase):
@@ -478,7 +478,7 @@ class BroadcastOtherRankTest(CudaTestCase):
     def test_the_other_ranks_record_without_copying_and_receive(self):
         tensor = cuda_tensor([1.0, 2.0])
         bt.declare("p", tensor, op="broadcast")
-        staging = bt._device_slots["p"].staging
+        staging = bt._core._device_slots["p"].staging
         staging.fill_(-1)
         handle = bt.broadcast_async(tensor, root_rank=0, name="p")
         # Nothing was copied in, but the event was recorded before the enqueue.
@@ -522,7 +522,7 @@ class OptimizerTest(CudaTestCase):
         for p, w in zip(model.parameters(), want):
             self.assertTrue(torch.allclose(p, w), (p, w))
         self.assertEqual(
-            sorted(bt._device_slots),
+            sorted(bt._core._device_slots),
             ["Gradient.0.bias", "Gradient.0.weight", "Gradient.1.bias", "Gradient.1.weight"],
         )
 

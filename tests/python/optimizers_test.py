@@ -165,7 +165,7 @@ def test_results_and_gradients_live_in_shared_memory():
     model = make_model()
     optimizer = bt.ScheduledOptimizer(model, sgd(model), num_steps=STEPS)
     for name, p in model.named_parameters():
-        _, result = bt._require().host_regions("Gradient." + name)
+        _, result = bt._core._require().host_regions("Gradient." + name)
         slot = optimizer._slots[p]
         assert slot.output.data_ptr() == torch.frombuffer(result, dtype=torch.uint8).data_ptr(), name
     for step in range(STEPS):
@@ -180,7 +180,7 @@ def test_results_and_gradients_live_in_shared_memory():
     model = make_model()
     distributed = bt.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
     for name, p in model.named_parameters():
-        shared, _ = bt._require().host_regions("Gradient." + name)
+        shared, _ = bt._core._require().host_regions("Gradient." + name)
         assert p.grad.data_ptr() == torch.frombuffer(shared, dtype=torch.uint8).data_ptr(), name
     for step in range(STEPS):
         x, y = batch(step, bt.rank())

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "agent/scheduler/negotiation_wire.h"
+#include "agent/transport/negotiation_wire.h"
 
 // An in-process NegotiationWire for the scheduler's tests: N nodes as N
 // threads share one hub, each round is a barrier that takes the element-wise

@@ -10,7 +10,7 @@
 
 #include "agent/bench/simulated_network.h"
 #include "agent/scheduler/negotiation.h"
-#include "agent/scheduler/negotiation_tree.h"
+#include "agent/transport/negotiation_tree.h"
 
 namespace baton::agent::sim {
 namespace {

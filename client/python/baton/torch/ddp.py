@@ -32,7 +32,7 @@ import weakref
 
 import torch
 
-import baton.torch as _bt
+from baton.torch import _core as _bt
 from baton._baton import BatonError
 
 __all__ = ["DDPCommHookState", "ddp_comm_hook"]

@@ -47,7 +47,7 @@ import time
 
 import torch
 
-import baton.torch as _bt
+from baton.torch import _core as _bt
 
 __all__ = ["State", "run"]
 

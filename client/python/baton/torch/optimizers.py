@@ -21,7 +21,7 @@ import threading
 
 import torch
 
-import baton.torch as _bt
+from baton.torch import _core as _bt
 
 
 def _gradient_hook_node(p):

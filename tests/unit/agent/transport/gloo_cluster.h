@@ -11,7 +11,7 @@
 #include "agent/scheduler/operation.h"
 #include "agent/transport/gloo/gloo_transport.h"
 #include "agent/transport/memory_key_value_store.h"
-#include "agent/transport/tcp_transport.h"
+#include "agent/transport/tcp/tcp_transport.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/transport/node_threads.h"
 #include "tests/unit/agent/transport/typed_values.h"

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "agent/reduce.h"
-#include "agent/transport/tcp_ring.h"
+#include "agent/transport/tcp/tcp_ring.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/transport/gloo_cluster.h"

@@ -3,7 +3,7 @@
 // not hold the generation's secret while the real peers connect. Real TCP on
 // loopback, one thread per node, an in-memory store.
 
-#include "agent/transport/tcp_introduction.h"
+#include "agent/transport/tcp/tcp_introduction.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -25,7 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/transport/memory_key_value_store.h"
-#include "agent/transport/tcp_transport.h"
+#include "agent/transport/tcp/tcp_transport.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "agent/transport/memory_key_value_store.h"
-#include "agent/transport/tcp_transport.h"
+#include "agent/transport/tcp/tcp_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/transport/node_threads.h"

@@ -1,6 +1,6 @@
 // What a node publishes for a peer set, as its peers parse it
-// (agent/transport/tcp_publication.h).
-#include "agent/transport/tcp_publication.h"
+// (agent/transport/tcp/tcp_publication.h).
+#include "agent/transport/tcp/tcp_publication.h"
 
 #include <cstdint>
 #include <map>

@@ -2,7 +2,7 @@
 // (TcpRounds, through GlooTransport::ConnectNegotiation): N nodes as N
 // threads of one process on 127.0.0.1, bootstrapped through an in-memory
 // store.
-#include "agent/transport/tcp_rounds.h"
+#include "agent/transport/tcp/tcp_rounds.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

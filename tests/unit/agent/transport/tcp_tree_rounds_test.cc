@@ -2,7 +2,7 @@
 // TcpTransport::ConnectNegotiation): N nodes as N threads of one process on
 // 127.0.0.1, bootstrapped through an in-memory store. Failures are checked
 // by what every node's error says, never by how long it took.
-#include "agent/transport/tcp_tree_rounds.h"
+#include "agent/transport/tcp/tcp_tree_rounds.h"
 
 #include <algorithm>
 #include <chrono>

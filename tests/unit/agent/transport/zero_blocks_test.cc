@@ -2,7 +2,7 @@
 // are all zero: N nodes as N threads on loopback (Cluster), every data type,
 // blocks zero on some nodes and not on others, out of place with a divisor,
 // and nodes that never skip beside nodes that do.
-#include "agent/transport/zero_blocks.h"
+#include "agent/transport/tcp/zero_blocks.h"
 
 #include <chrono>
 #include <cstdint>
@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/reduce.h"
-#include "agent/transport/tcp_ring.h"
-#include "agent/transport/tcp_transport.h"
+#include "agent/transport/tcp/tcp_ring.h"
+#include "agent/transport/tcp/tcp_transport.h"
 #include "gtest/gtest.h"
 #include "tests/unit/agent/transport/gloo_cluster.h"
 #include "tests/unit/agent/transport/typed_values.h"

@@ -12,8 +12,8 @@
 #include "absl/status/statusor.h"
 #include "agent/reduce.h"
 #include "agent/transport/poison_state.h"
-#include "agent/transport/tcp_link_pool.h"
-#include "agent/transport/tcp_peers.h"
+#include "agent/transport/tcp/tcp_link_pool.h"
+#include "agent/transport/tcp/tcp_peers.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
 

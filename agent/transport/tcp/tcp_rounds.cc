@@ -1,4 +1,4 @@
-#include "agent/transport/tcp_rounds.h"
+#include "agent/transport/tcp/tcp_rounds.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "agent/transport/tcp_peers.h"
+#include "agent/transport/tcp/tcp_peers.h"
 
 namespace baton::agent {
 

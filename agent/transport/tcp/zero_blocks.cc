@@ -1,4 +1,4 @@
-#include "agent/transport/zero_blocks.h"
+#include "agent/transport/tcp/zero_blocks.h"
 
 #include <cstring>
 #include <limits>

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "agent/transport/tcp_link.h"
+#include "agent/transport/tcp/tcp_link.h"
 
 namespace baton::agent::tcp {
 

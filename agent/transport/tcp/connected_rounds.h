@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "agent/scheduler/negotiation_wire.h"
-#include "agent/transport/round_connections.h"
+#include "agent/transport/negotiation_wire.h"
+#include "agent/transport/tcp/round_connections.h"
 
 namespace baton::agent {
 

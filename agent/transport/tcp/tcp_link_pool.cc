@@ -1,4 +1,4 @@
-#include "agent/transport/tcp_link_pool.h"
+#include "agent/transport/tcp/tcp_link_pool.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "agent/transport/tcp_socket.h"
+#include "agent/transport/tcp/tcp_socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "agent/transport/tcp_peers.h"
+#include "agent/transport/tcp/tcp_peers.h"
 
 namespace baton::agent::tcp {
 namespace {

@@ -1,4 +1,4 @@
-#include "agent/transport/round_notice.h"
+#include "agent/transport/tcp/round_notice.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

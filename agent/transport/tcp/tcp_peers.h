@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "agent/transport/tcp_link_pool.h"
+#include "agent/transport/tcp/tcp_link_pool.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
 

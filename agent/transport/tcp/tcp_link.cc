@@ -1,4 +1,4 @@
-#include "agent/transport/tcp_link.h"
+#include "agent/transport/tcp/tcp_link.h"
 
 #include <sys/socket.h>
 

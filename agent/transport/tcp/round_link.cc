@@ -1,4 +1,4 @@
-#include "agent/transport/round_link.h"
+#include "agent/transport/tcp/round_link.h"
 
 #include <poll.h>
 

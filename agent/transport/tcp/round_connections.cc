@@ -1,4 +1,4 @@
-#include "agent/transport/round_connections.h"
+#include "agent/transport/tcp/round_connections.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "agent/transport/tcp_peers.h"
+#include "agent/transport/tcp/tcp_peers.h"
 
 namespace baton::agent {
 

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "agent/scheduler/negotiation_wire.h"
-#include "agent/transport/tcp_link_pool.h"
+#include "agent/transport/negotiation_wire.h"
+#include "agent/transport/tcp/tcp_link_pool.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
 

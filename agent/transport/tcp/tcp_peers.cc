@@ -1,4 +1,4 @@
-#include "agent/transport/tcp_peers.h"
+#include "agent/transport/tcp/tcp_peers.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -22,9 +22,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "agent/transport/tcp_introduction.h"
-#include "agent/transport/tcp_publication.h"
-#include "agent/transport/tcp_socket.h"
+#include "agent/transport/tcp/tcp_introduction.h"
+#include "agent/transport/tcp/tcp_publication.h"
+#include "agent/transport/tcp/tcp_socket.h"
 #include "glog/logging.h"
 
 namespace baton::agent::tcp {

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <deque>
 
-#include "agent/transport/tcp_link.h"
+#include "agent/transport/tcp/tcp_link.h"
 
 namespace baton::agent::tcp {
 

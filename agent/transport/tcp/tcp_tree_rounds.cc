@@ -1,4 +1,4 @@
-#include "agent/transport/tcp_tree_rounds.h"
+#include "agent/transport/tcp/tcp_tree_rounds.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "agent/transport/tcp_peers.h"
+#include "agent/transport/tcp/tcp_peers.h"
 
 namespace baton::agent {
 namespace {

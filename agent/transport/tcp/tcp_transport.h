@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "agent/transport/tcp_link_pool.h"
+#include "agent/transport/tcp/tcp_link_pool.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
 

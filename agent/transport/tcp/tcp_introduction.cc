@@ -1,4 +1,4 @@
-#include "agent/transport/tcp_introduction.h"
+#include "agent/transport/tcp/tcp_introduction.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>

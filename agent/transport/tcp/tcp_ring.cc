@@ -1,4 +1,4 @@
-#include "agent/transport/tcp_ring.h"
+#include "agent/transport/tcp/tcp_ring.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "agent/transport/zero_blocks.h"
+#include "agent/transport/tcp/zero_blocks.h"
 
 namespace baton::agent {
 namespace {

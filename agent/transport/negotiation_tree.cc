@@ -1,4 +1,4 @@
-#include "agent/scheduler/negotiation_tree.h"
+#include "agent/transport/negotiation_tree.h"
 
 #include <algorithm>
 

@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "agent/transport/collective_options.h"
 #include "agent/transport/poison_state.h"
-#include "agent/transport/tcp_link_pool.h"
+#include "agent/transport/tcp/tcp_link_pool.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
 

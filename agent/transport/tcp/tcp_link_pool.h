@@ -9,7 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "agent/transport/tcp_link.h"
+#include "agent/transport/tcp/tcp_link.h"
 #include "agent/transport/transport.h"
 
 namespace baton::agent::tcp {

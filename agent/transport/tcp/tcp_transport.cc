@@ -1,13 +1,13 @@
-#include "agent/transport/tcp_transport.h"
+#include "agent/transport/tcp/tcp_transport.h"
 
 #include <signal.h>
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "agent/transport/tcp_negotiation.h"
-#include "agent/transport/tcp_peers.h"
-#include "agent/transport/tcp_ring.h"
+#include "agent/transport/tcp/tcp_negotiation.h"
+#include "agent/transport/tcp/tcp_peers.h"
+#include "agent/transport/tcp/tcp_ring.h"
 
 namespace baton::agent {
 

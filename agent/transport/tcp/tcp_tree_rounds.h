@@ -9,12 +9,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "agent/scheduler/negotiation_tree.h"
-#include "agent/transport/connected_rounds.h"
-#include "agent/transport/round_connections.h"
-#include "agent/transport/round_link.h"
-#include "agent/transport/round_notice.h"
-#include "agent/transport/tcp_link_pool.h"
+#include "agent/transport/negotiation_tree.h"
+#include "agent/transport/tcp/connected_rounds.h"
+#include "agent/transport/tcp/round_connections.h"
+#include "agent/transport/tcp/round_link.h"
+#include "agent/transport/tcp/round_notice.h"
+#include "agent/transport/tcp/tcp_link_pool.h"
 #include "agent/transport/transport.h"
 #include "common/clock.h"
 

@@ -1,9 +1,9 @@
-#include "agent/transport/tcp_negotiation.h"
+#include "agent/transport/tcp/tcp_negotiation.h"
 
 #include <utility>
 
-#include "agent/transport/tcp_rounds.h"
-#include "agent/transport/tcp_tree_rounds.h"
+#include "agent/transport/tcp/tcp_rounds.h"
+#include "agent/transport/tcp/tcp_tree_rounds.h"
 #include "glog/logging.h"
 
 namespace baton::agent {

@@ -1,4 +1,4 @@
-#include "agent/transport/tcp_publication.h"
+#include "agent/transport/tcp/tcp_publication.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
