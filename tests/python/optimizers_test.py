@@ -5,6 +5,7 @@ parameters must equal one process training on the union of all ranks'
 batches with the same optimizer."""
 
 import sys
+import warnings
 
 import torch
 
@@ -252,13 +253,34 @@ def test_distributed_optimizer_synchronize_then_clip_then_step():
         loss_fn(model, x, y).backward()
         optimizer.synchronize()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
-        optimizer.step()
+        if step % 2 == 0:
+            # Horovod's spelling...
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        else:
+            # ... and without it: the same, with one warning (Horovod would
+            # average again).
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                optimizer.step()
+            said = [str(w.message) for w in caught]
+            assert len(said) == (1 if step == 1 else 0), said
+            assert not said or "without the optimizer.skip_synchronize() context" in said[0], said
         xs, ys = zip(*(batch(step, r) for r in range(bt.size())))
         ref.zero_grad()
         loss_fn(expected, torch.cat(xs), torch.cat(ys)).backward()
         torch.nn.utils.clip_grad_norm_(expected.parameters(), 0.05)
         ref.step()
     assert_same(model, expected, "synchronize, clip, step")
+    # step() inside skip_synchronize() needs a synchronize() first.
+    optimizer.zero_grad()
+    try:
+        with optimizer.skip_synchronize():
+            optimizer.step()
+    except ValueError as e:
+        assert "without optimizer.synchronize() first" in str(e), e
+    else:
+        raise AssertionError("step() in skip_synchronize() without synchronize() was accepted")
 
 
 def test_distributed_optimizer_accumulates_backward_passes():

@@ -16,8 +16,10 @@ only between step() and the next forward pass; a parameter created with
 requires_grad=False joins at the first step() where it has it.
 """
 
+import contextlib
 import queue
 import threading
+import warnings
 
 import torch
 
@@ -97,6 +99,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._names = {p: "Gradient." + name for name, p in named}
         self._handles = {}
         self._synchronized = False
+        # False inside skip_synchronize(): step() leaves the gradients as
+        # synchronize() averaged them.
+        self._should_synchronize = True
+        self._warned_resync = False
         self._delay = {p: backward_passes_per_step for _, p in named}
         # Parameter -> its AccumulateGrad node, which holds the hook; kept so
         # the node (and the hook) outlives requires_grad switched off and on.
@@ -165,10 +171,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         """Averages the gradients (unless synchronize() already did, e.g.
         for gradient clipping) and runs the optimizer."""
+        if self._should_synchronize and self._synchronized and not self._warned_resync:
+            # Horovod averages again here (and warns); baton does not, but
+            # says so, for scripts that run on both.
+            self._warned_resync = True
+            warnings.warn(
+                "optimizer.step() called after optimizer.synchronize() without the "
+                "optimizer.skip_synchronize() context: baton uses the gradients "
+                "synchronize() averaged (Horovod would average them again); write "
+                "`with optimizer.skip_synchronize(): optimizer.step()`"
+            )
         if not self._synchronized:
+            if not self._should_synchronize:
+                raise ValueError(
+                    "optimizer.step() inside optimizer.skip_synchronize() without "
+                    "optimizer.synchronize() first: the gradients are not averaged"
+                )
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Horovod's: step() inside it runs the optimizer on the gradients a
+        synchronize() before it averaged (clip them in between)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
 
     def _reset(self):
         """After a re-form (baton.torch.elastic, which has waited for every
