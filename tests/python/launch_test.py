@@ -126,6 +126,8 @@ def test_torchrun():
                 for name in ("BATON_JOB", "BATON_NODES", "BATON_COORDINATOR"):
                     env.pop(name, None)
                 env.update({
+                    # What batonrun adds for its trainers; torchrun users set it.
+                    "MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "4294967296",
                     "BATON_AGENT_SOCKET": sockets[node],
                     # torchrun's worker environment, as its elastic agent sets it.
                     "RANK": str(2 * node + local), "LOCAL_RANK": str(local), "GROUP_RANK": str(node),

@@ -71,6 +71,8 @@ def ddp_first():
     assert int(env["LOCAL_RANK"]) == bt.local_rank(), (env["LOCAL_RANK"], bt.local_rank())
     assert int(env["GROUP_RANK"]) == bt.rank() // bt.local_size(), (env["GROUP_RANK"], bt.rank())
     assert env["TORCHELASTIC_RUN_ID"], "no TORCHELASTIC_RUN_ID"
+    # glibc keeps freed memory (fresh large tensors cost page faults).
+    assert env.get("MALLOC_MMAP_THRESHOLD_") and env.get("MALLOC_TRIM_THRESHOLD_"), "no malloc tuning"
     reference = DistributedDataParallel(make_model())
     hooked = DistributedDataParallel(make_model())
     hooked.register_comm_hook(bt.DDPCommHookState(hooked, name="Launch.ddp"), bt.ddp_comm_hook)

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -150,6 +151,15 @@ std::string NodeSupervisor::StartTrainers(Node& node) {
       // A restarted node joins the running job where the coordinator
       // places it.
       env.push_back("GROUP_RANK");
+    }
+    if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr &&
+        std::getenv("MALLOC_TRIM_THRESHOLD_") == nullptr) {
+      // glibc keeps freed memory for the next allocation instead of
+      // mapping fresh pages for every large tensor: a new 64 MiB result
+      // (out-of-place push_pull, any fresh activation) costs ~60 ms of
+      // page faults here otherwise (docs/benchmarks.md, "Out of place").
+      env.push_back("MALLOC_MMAP_THRESHOLD_=4294967296");
+      env.push_back("MALLOC_TRIM_THRESHOLD_=4294967296");
     }
     if (options_.master_port != 0) {
       // The same on every trainer: rank 0 hosts torch's store there.
