@@ -253,9 +253,18 @@ void Coordinator::OnSessionClosed(SessionId id, const std::string& why) {
   if (!shutting_down_ && session->said_hello()) {
     LOG(INFO) << LogPrefix({"", 0, session->node_name}) << "session " << id
               << " ended: " << why;
-    jobs_.OnSessionsLost(
-        {{session,
-          absl::StrCat("lost its session to the coordinator (", why, ")")}});
+    const absl::Time now = clock_->Now();
+    if (Stalled(now)) {
+      // The agents gave up on a coordinator that did not answer (their
+      // keepalive) and are reconnecting: their nodes did not fail, so
+      // they get the liveness timeout to re-report, not a new generation.
+      jobs_.OnSessionsDisconnected({{session, why}},
+                                   now + options_.liveness_timeout);
+    } else {
+      jobs_.OnSessionsLost(
+          {{session,
+            absl::StrCat("lost its session to the coordinator (", why, ")")}});
+    }
   }
   sessions_.Remove(id);
 }
@@ -475,11 +484,20 @@ ReformHistogram Coordinator::ReformSeconds(const std::string& job) const {
   return jobs_.ReformSeconds(job);
 }
 
+bool Coordinator::Stalled(absl::Time now) const {
+  // Not ticked for long, or ticked for the first time since a stall a
+  // moment ago (the sessions that ended meanwhile come in right after).
+  return (last_tick_ != absl::InfinitePast() &&
+          now - last_tick_ > options_.liveness_timeout / 2) ||
+         now < stall_ended_ + options_.liveness_timeout / 2;
+}
+
 void Coordinator::Tick() {
   const absl::Time now = clock_->Now();
   timelines_.Tick(now);
   if (last_tick_ != absl::InfinitePast() &&
       now - last_tick_ > options_.liveness_timeout / 2) {
+    stall_ended_ = now;
     // The coordinator itself did not run (stopped, swapped, starved): the
     // agents' messages wait unread in its queues and sockets, so silence
     // proves nothing. Restart every liveness deadline instead of declaring

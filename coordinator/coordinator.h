@@ -114,6 +114,9 @@ class Coordinator : private JobListener {
   // The most steps one GetTimeline may ask for.
   static constexpr int64_t kMaxTimelineSteps = 1000;
 
+  // Whether the coordinator itself did not run for more than half the
+  // liveness timeout just before `now` (Tick's view, see there).
+  bool Stalled(absl::Time now) const;
   // Periodic work: liveness and reconnect deadlines, re-form timeouts,
   // expired store waits, stall detection, retention of ended jobs.
   void Tick();
@@ -168,6 +171,8 @@ class Coordinator : private JobListener {
   bool shutting_down_ = false;
   // When Tick last ran, to notice the coordinator itself stalling.
   absl::Time last_tick_ = absl::InfinitePast();
+  // When Tick last noticed that the coordinator had stalled.
+  absl::Time stall_ended_ = absl::InfinitePast();
 };
 
 }  // namespace baton::coordinator

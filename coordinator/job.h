@@ -50,8 +50,12 @@ struct JobManager::Member {
   // The member's session while connected.
   SessionId session;
   bool connected = true;
-  // A recovered member not yet reconnected is lost at this time.
+  // A recovered member not yet reconnected, or one whose session ended
+  // while the coordinator was stalled, is lost at this time.
   absl::Time reconnect_deadline;
+  // Why it is disconnected, for the loss's reason ("the coordinator
+  // restarted").
+  std::string disconnected_by;
   // In the sealed generation; -1 before the member's first seal.
   int32_t node_rank = -1;
   // The rank its launcher gave it (JoinJob.node_rank); -1: none.

@@ -638,6 +638,36 @@ void JobManager::OnSessionsLost(const std::vector<LostSession>& lost) {
   JoinReleased();
 }
 
+void JobManager::OnSessionsDisconnected(
+    const std::vector<LostSession>& sessions, absl::Time deadline) {
+  for (const LostSession& entry : sessions) {
+    const Session& session = *entry.session;
+    for (const std::string& name : session.jobs) {
+      Job* job = FindJob(name);
+      if (job == nullptr || job->state != v1::JOB_STATE_RUNNING) continue;
+      Member* member = FindMember(*job, session.node_name);
+      if (member == nullptr || member->session != session.id) continue;
+      // No session now: the loss below passes it by, a RejoinJob on the
+      // agent's next session takes it back (JobManager::Rejoin).
+      member->session = SessionId();
+      member->connected = false;
+      member->reconnect_deadline = deadline;
+      member->disconnected_by =
+          absl::StrCat("its session ended while the coordinator was stalled (",
+                       entry.why, ")");
+      Event(*job, "disconnected",
+            absl::StrCat("node ", session.node_name,
+                         "'s session ended while the coordinator was stalled (",
+                         entry.why, "); it stays a member for ",
+                         Seconds(options_.liveness_timeout),
+                         " for its agent to re-report"),
+            session.node_name);
+    }
+  }
+  // Members of jobs that are not running are lost as usual.
+  OnSessionsLost(sessions);
+}
+
 absl::Status JobManager::CheckCurrent(const std::string& job_name,
                                       int64_t generation,
                                       const std::string& node_name) const {
@@ -777,10 +807,11 @@ void JobManager::Tick() {
         }
         for (const std::string& node : missing) {
           if (FindJob(name) == nullptr) break;
+          const Member* member = FindMember(*job, node);
           LoseMember(*job, node, ReformCause::kLost,
                      absl::StrCat("did not reconnect within ",
-                                  Seconds(options_.liveness_timeout),
-                                  " after the coordinator restarted"));
+                                  Seconds(options_.liveness_timeout), " after ",
+                                  member->disconnected_by));
         }
         ResealIfWhole(name);
         break;

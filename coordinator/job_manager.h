@@ -87,6 +87,13 @@ class JobManager {
     std::string why;
   };
   void OnSessionsLost(const std::vector<LostSession>& lost);
+  // Sessions that ended while the coordinator itself was not running (it
+  // was stopped or starved; the agents gave up on it and reconnect): in
+  // each running job the node stays a member, disconnected, until
+  // `deadline`, for its agent to re-report the generation (RejoinJob);
+  // then it is lost. In a job that is not running it is lost at once.
+  void OnSessionsDisconnected(const std::vector<LostSession>& sessions,
+                              absl::Time deadline);
 
   // Checks that `node_name` may send a message for (job, generation): the
   // job exists (NOT_FOUND), has not ended (FAILED_PRECONDITION), the

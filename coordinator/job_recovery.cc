@@ -132,6 +132,7 @@ absl::Status JobManager::Rejoin(Session& session, uint64_t seq,
       member.connected = false;
       member.joined = job->created;
       member.reconnect_deadline = job->created + options_.liveness_timeout;
+      member.disconnected_by = "the coordinator restarted";
       job->AddMember(std::move(member));
     }
     job->reason = absl::StrCat("generation ", m.generation(),

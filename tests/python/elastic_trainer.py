@@ -19,6 +19,8 @@ Environment (set by elastic_test.py):
                    node NODE stops its agent and then itself (SIGSTOP) after
                    STEP, and a process it started beforehand continues both
                    (SIGCONT) SECONDS later: a node frozen by the kernel
+  ELASTIC_FREEZE_WHAT  "coordinator": that trainer freezes the coordinator
+                   instead (default "node": its agent and itself)
   ELASTIC_WRAP     NODE: that node's rank runs the trainer as a child and
                    starts it again once killed (the trainer-only case)
   ELASTIC_WAIT     "SIZE:STEP": at STEP, a rank of a job smaller than SIZE
@@ -58,6 +60,25 @@ def node_of(socket):
     return os.path.basename(socket).replace("agent", "").replace(".sock", "")
 
 
+def coordinator_pid():
+    """The job's baton-coordinator (batonrun's embedded one: the only one
+    whose parent is this trainer's batonrun)."""
+    batonrun = os.getppid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                argv = f.read().split(b"\0")
+            with open("/proc/%s/stat" % entry) as f:
+                parent = int(f.read().rsplit(") ", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if argv[0].endswith(b"baton-coordinator") and parent == batonrun:
+            return int(entry)
+    raise RuntimeError("no baton-coordinator beside this trainer")
+
+
 def agent_pid(socket):
     """The baton-agent serving `socket` (its command line names it)."""
     for entry in os.listdir("/proc"):
@@ -73,14 +94,14 @@ def agent_pid(socket):
     raise RuntimeError("no baton-agent serves %s" % socket)
 
 
-def freeze(agent, seconds):
+def freeze(pids, seconds):
     """Has a process in a session of its own (so that nothing stops it with
-    us) stop `agent` and this process (SIGSTOP) a moment from now, while
-    this one goes on training (mid-step, as an operator's or the kernel's
-    freeze comes), and continue both `seconds` later."""
+    us) stop `pids` (SIGSTOP) a moment from now, while this one goes on
+    training (mid-step, as an operator's or the kernel's freeze comes), and
+    continue them `seconds` later."""
+    listed = " ".join(str(p) for p in pids)
     subprocess.Popen(
-        ["/bin/sh", "-c", "sleep 0.02; kill -STOP %d %d; sleep %s; kill -CONT %d %d"
-         % (agent, os.getpid(), seconds, agent, os.getpid())],
+        ["/bin/sh", "-c", "sleep 0.02; kill -STOP %s; sleep %s; kill -CONT %s" % (listed, seconds, listed)],
         start_new_session=True,
     )
 
@@ -167,7 +188,9 @@ def main():
             frozen = os.path.join(out, "frozen")
             if node == freeze_node and state.step == int(freeze_step) and not os.path.exists(frozen):
                 open(frozen, "w").close()
-                freeze(agent_pid(socket), freeze_seconds)
+                what = os.environ.get("ELASTIC_FREEZE_WHAT", "node")
+                freeze([coordinator_pid()] if what == "coordinator" else [agent_pid(socket), os.getpid()],
+                       freeze_seconds)
             if state.step % COMMIT_EVERY == 0:
                 state.commit()
 

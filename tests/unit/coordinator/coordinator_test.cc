@@ -655,6 +655,76 @@ TEST_F(CoordinatorTest, RestartRebuildsTheJobFromRejoiningAgents) {
   EXPECT_TRUE(set_status.ok()) << set_status;
 }
 
+// A coordinator stopped (SIGSTOP, a stalled VM) for longer than the agents'
+// keepalive: every agent gave up on its session and reconnects, and the
+// sessions' ends come in as the coordinator wakes. Before, each counted as a
+// lost node: the job re-formed three times and failed with "every node was
+// lost" while training went on. Now they cost no generation: each node
+// re-reports its generation on its new session; one that does not is lost at
+// the liveness timeout.
+TEST_F(CoordinatorTest,
+       SessionsThatEndedWhileTheCoordinatorStalledCostNoGeneration) {
+  Agent a = Connect("n0"), b = Connect("n1"), c = Connect("n2");
+  for (Agent* agent : {&a, &b, &c}) Join(*agent, "job", 1, 3, /*min_nodes=*/2);
+  std::vector<v1::Membership> views;
+  for (Agent* agent : {&a, &b, &c}) {
+    views.push_back(
+        agent->Received(v1::CoordinatorMessage::kMembership)[0].membership());
+  }
+  coordinator_->Tick();
+  clock_.Advance(absl::Seconds(15));
+  // One end before the first tick after the stall, two after it.
+  coordinator_->OnSessionClosed(a.id, "the stream was cancelled");
+  coordinator_->Tick();
+  coordinator_->OnSessionClosed(b.id, "the stream was cancelled");
+  coordinator_->OnSessionClosed(c.id, "the stream was cancelled");
+  EXPECT_EQ(Status("job").state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Status("job").generation(), 1);
+
+  Agent a2 = Connect("n0"), b2 = Connect("n1"), c2 = Connect("n2");
+  Send(a2, RejoinWith(views[0], 3, 7));
+  Send(b2, RejoinWith(views[1], 3, 7));
+  for (Agent* agent : {&a2, &b2}) {
+    ASSERT_THAT(agent->Received(v1::CoordinatorMessage::kJoinAccepted),
+                SizeIs(1))
+        << agent->LastError().message();
+  }
+  v1::JobStatus status = Status("job");
+  EXPECT_EQ(status.generation(), 1);
+  EXPECT_TRUE(status.members(0).connected());
+  EXPECT_FALSE(status.members(2).connected());
+  EXPECT_THAT(a2.Received(v1::CoordinatorMessage::kGenerationAborted),
+              IsEmpty());
+
+  // n2's agent never re-reports: lost at the deadline, naming why.
+  RunUntil(
+      {&a2, &b2},
+      [&] {
+        return !a2.Received(v1::CoordinatorMessage::kGenerationAborted).empty();
+      },
+      options_.liveness_timeout + 2 * options_.tick_interval);
+  auto notices = a2.Received(v1::CoordinatorMessage::kGenerationAborted);
+  ASSERT_THAT(notices, SizeIs(1));
+  EXPECT_EQ(notices[0].generation_aborted().lost_node(), "n2");
+  EXPECT_THAT(notices[0].generation_aborted().reason(),
+              HasSubstr("did not reconnect within 6.0 s after its session "
+                        "ended while the coordinator was stalled"));
+}
+
+// Without a stall a closed session is a lost node at once, as before.
+TEST_F(CoordinatorTest, ASessionThatEndsWhileTheCoordinatorRunsIsALostNode) {
+  Agent a = Connect("n0"), b = Connect("n1");
+  Join(a, "job", 1, 2);
+  Join(b, "job", 1, 2);
+  coordinator_->Tick();
+  clock_.Advance(options_.tick_interval);
+  coordinator_->Tick();
+  coordinator_->OnSessionClosed(b.id, "the stream was cancelled");
+  EXPECT_EQ(Status("job").generation(), 2);
+  EXPECT_THAT(a.Received(v1::CoordinatorMessage::kGenerationAborted),
+              SizeIs(1));
+}
+
 // Node rank 2 holds only its own entry: its re-report waits until node rank
 // 0 or 1 rebuilt the job from the table, then it is accepted like theirs.
 TEST_F(CoordinatorTest, ARejoinWithoutTheTableWaitsForNodeRankZeroOrOne) {
