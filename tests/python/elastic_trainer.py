@@ -60,10 +60,8 @@ def node_of(socket):
     return os.path.basename(socket).replace("agent", "").replace(".sock", "")
 
 
-def coordinator_pid():
-    """The job's baton-coordinator (batonrun's embedded one: the only one
-    whose parent is this trainer's batonrun)."""
-    batonrun = os.getppid()
+def processes():
+    """(pid, argv, parent pid) of every process this one can see."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -74,23 +72,23 @@ def coordinator_pid():
                 parent = int(f.read().rsplit(") ", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if argv[0].endswith(b"baton-coordinator") and parent == batonrun:
-            return int(entry)
+        yield int(entry), argv, parent
+
+
+def coordinator_pid():
+    """The job's baton-coordinator (batonrun's embedded one: the only one
+    whose parent is this trainer's batonrun)."""
+    for pid, argv, parent in processes():
+        if argv[0].endswith(b"baton-coordinator") and parent == os.getppid():
+            return pid
     raise RuntimeError("no baton-coordinator beside this trainer")
 
 
 def agent_pid(socket):
     """The baton-agent serving `socket` (its command line names it)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % entry, "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if any(a.endswith(b"baton-agent") for a in argv[:1]) and ("--socket=" + socket).encode() in argv:
-            return int(entry)
+    for pid, argv, _ in processes():
+        if argv[0].endswith(b"baton-agent") and ("--socket=" + socket).encode() in argv:
+            return pid
     raise RuntimeError("no baton-agent serves %s" % socket)
 
 
