@@ -114,9 +114,6 @@ class Coordinator : private JobListener {
   // The most steps one GetTimeline may ask for.
   static constexpr int64_t kMaxTimelineSteps = 1000;
 
-  // Whether the coordinator itself did not run for more than half the
-  // liveness timeout just before `now` (Tick's view, see there).
-  bool Stalled(absl::Time now) const;
   // Periodic work: liveness and reconnect deadlines, re-form timeouts,
   // expired store waits, stall detection, retention of ended jobs.
   void Tick();
@@ -129,6 +126,9 @@ class Coordinator : private JobListener {
   const CoordinatorOptions& options() const { return options_; }
 
  private:
+  // Whether the coordinator itself did not run for more than half the
+  // liveness timeout just before `now` (Tick's view, see there).
+  bool Stalled(absl::Time now) const;
   // JobListener: consequences of membership changes for the other managers.
   void OnGenerationSealed(const v1::Membership& membership) override;
   void OnGenerationAborted(const std::string& job, int64_t generation,

@@ -152,7 +152,11 @@ absl::Status JobManager::CheckJoinMatchesJob(const Job& job,
   if (partition_bytes != job.partition_bytes) {
     return disagree("partition_bytes", partition_bytes, job.partition_bytes);
   }
-  if (!join.has_node_rank()) return absl::OkStatus();
+  // Node ranks place nodes in a run's first seal only (Seal): later
+  // joiners' ranks are not used, so neither are they refused.
+  if (!join.has_node_rank() || job.state != v1::JOB_STATE_FORMING) {
+    return absl::OkStatus();
+  }
   for (const Member& member : job.members) {
     if (member.node_rank < 0 && member.node_name != session.node_name &&
         member.requested_node_rank == join.node_rank()) {

@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 BATONRUN = os.environ["BATONRUN"]
@@ -87,14 +88,22 @@ def free_port():
 
 def ready_line(process, prefix, deadline):
     """The rest of the first line of `process`'s stdout that starts with
-    `prefix`."""
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        if line.startswith(prefix):
-            return line[len(prefix):].split()[0]
-    raise AssertionError("%s did not print %r" % (process.args[0], prefix))
+    `prefix`; fails at `deadline` (a reader thread waits, so that a process
+    that hangs without printing cannot block the test)."""
+    found = []
+
+    def read():
+        for line in process.stdout:
+            if line.startswith(prefix):
+                found.append(line[len(prefix):].split()[0])
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(max(0.0, deadline - time.monotonic()))
+    if not found:
+        raise AssertionError("%s did not print %r within its deadline" % (process.args[0], prefix))
+    return found[0]
 
 
 def test_torchrun():

@@ -251,6 +251,26 @@ TEST_F(CoordinatorTest, AJoinerOfARunningJobComesLastWhateverRankItGives) {
               ElementsAre("a", "c", "b"));
 }
 
+// Node ranks are not used after the first seal, so a re-forming job's
+// joiners may give the same one (pods replaced with their old GROUP_RANK).
+TEST_F(CoordinatorTest, JoinersOfAReformingJobMayGiveTheSameNodeRank) {
+  Agent a = Connect("a"), b = Connect("b"), c = Connect("c");
+  Join(a, "job", 1, 3, 0, /*node_rank=*/0);
+  Join(b, "job", 1, 3, 0, /*node_rank=*/1);
+  Join(c, "job", 1, 3, 0, /*node_rank=*/2);
+  coordinator_->OnSessionClosed(b.id, "crashed");
+  coordinator_->OnSessionClosed(c.id, "crashed");
+  ASSERT_EQ(Status("job").state(), v1::JOB_STATE_REFORMING);
+  Agent d = Connect("d"), e = Connect("e");
+  Join(d, "job", 1, 3, 0, /*node_rank=*/1);
+  Join(e, "job", 1, 3, 0, /*node_rank=*/1);
+  EXPECT_EQ(e.LastError().code(), 0) << e.LastError().message();
+  auto memberships = a.Received(v1::CoordinatorMessage::kMembership);
+  ASSERT_THAT(memberships, SizeIs(2));
+  EXPECT_THAT(NodeNames(memberships[1].membership()),
+              ElementsAre("a", "d", "e"));
+}
+
 TEST_F(CoordinatorTest, DuplicateNodeNameIsRejected) {
   Agent a = Connect("n0", "first"), dup = Connect("n0", "second");
   Join(a, "job", 1, 2);
