@@ -95,12 +95,7 @@ JobMembership::Callbacks AgentJob::MembershipCallbacks() {
                                      bool only_waiting) {
     operations_.FailGeneration(generation, status, only_waiting);
   };
-  callbacks.release_held = [this](uint64_t id, absl::Status status) {
-    operations_.OnOpDone(id, std::move(status));
-  };
-  callbacks.finish = [this](uint64_t id, const absl::Status& status) {
-    operations_.Finish(id, status);
-  };
+  callbacks.release_held = [this] { operations_.ReleaseHeld(); };
   callbacks.mismatch = [this](int32_t index, const absl::Status& status) {
     operations_.FailUnsubmitted(index, status);
   };

@@ -74,18 +74,16 @@ void JobMembership::LoseTrainer(const absl::Status& status) {
   Leave(status, /*finished=*/false);
   if (membership_) aborted_[membership_->generation()] = status;
   if (data_plane_) RetireDataPlane(status);
-  data_plane_failure_.reset();
   data_plane_stopped_.reset();
-  auto held = std::move(held_failures_);
-  held_failures_.clear();
-  for (auto& [id, failure] : held) callbacks_.release_held(id, status);
+  ReleaseHeld();
   state_ = State::kAttaching;
 }
 
 void JobMembership::End(const absl::Status& status) {
   state_ = State::kDone;
   if (data_plane_) RetireDataPlane(status);
-  held_failures_.clear();
+  // The caller fails every operation, held ones included.
+  data_plane_failure_.reset();
   env_.transport->DropKept(LinkKey(""));
 }
 
@@ -242,13 +240,7 @@ void JobMembership::HandleMembership(const v1::Membership& m) {
         "job \"", job_, "\" moved to generation ", m.generation())));
   }
   // Failures held for a previous generation are reported now.
-  auto held = std::move(held_failures_);
-  held_failures_.clear();
-  const std::optional<absl::Status> failure = data_plane_failure_;
-  data_plane_failure_.reset();
-  for (auto& [id, status] : held) {
-    callbacks_.finish(id, failure ? *failure : status);
-  }
+  ReleaseHeld();
   if (membership_) {
     // Nothing a trainer started in the generation this node ran may run in
     // the new one (the fence): whatever of it is left fails now.
@@ -409,10 +401,7 @@ void JobMembership::AbortGeneration(const v1::GenerationAborted& a,
   state_ = State::kReforming;
   if (data_plane_) RetireDataPlane(status);
   // Failures held while waiting for this news now name the lost node.
-  data_plane_failure_.reset();
-  auto held = std::move(held_failures_);
-  held_failures_.clear();
-  for (auto& [id, failure] : held) callbacks_.release_held(id, failure);
+  ReleaseHeld();
   // Every ready operation of the aborted generation fails now, including
   // those a collective of the old data plane may still hold for a while
   // (their tensors stay leased until it lets go); the trainers retry them in
@@ -772,10 +761,7 @@ void JobMembership::OnTimer(absl::Time now) {
     // Report it to the trainers, then force a new generation (the
     // communicators are rebuilt there) by leaving and joining again.
     const absl::Status status = *data_plane_failure_;
-    data_plane_failure_.reset();
-    auto held = std::move(held_failures_);
-    held_failures_.clear();
-    for (auto& [id, failure] : held) callbacks_.release_held(id, failure);
+    ReleaseHeld();
     if (state_ == State::kRunning && membership_) {
       aborted_[membership_->generation()] = status;
       callbacks_.fail_generation(membership_->generation(), status,
@@ -803,10 +789,9 @@ std::optional<absl::Time> JobMembership::failure_deadline() const {
   return failure_deadline_;
 }
 
-bool JobMembership::HoldFailure(uint64_t id, const absl::Status& status) {
-  if (!data_plane_failure_) return false;
-  held_failures_.emplace_back(id, status);
-  return true;
+void JobMembership::ReleaseHeld() {
+  data_plane_failure_.reset();
+  callbacks_.release_held();
 }
 
 const absl::Status* JobMembership::aborted(int64_t generation) const {

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "agent/job_environment.h"
+#include "agent/job_generation.h"
 #include "agent/job_trainers.h"
 #include "agent/scheduler/scheduler.h"
 #include "agent/scheduler/timeline_recorder.h"
@@ -36,15 +37,8 @@ namespace baton::agent {
 // Job thread only; the connector threads and the data planes reach it only
 // through Callbacks::post. It reaches the job's operations and the job
 // itself only through Callbacks.
-class JobMembership {
+class JobMembership : public JobGeneration {
  public:
-  enum class State {
-    kAttaching,  // waiting for every local rank
-    kJoining,    // joined, waiting for the generation to be sealed
-    kRunning,    // sealed generation
-    kReforming,  // generation aborted, waiting for the next
-    kDone,
-  };
   // Wired by AgentJob.
   struct Callbacks {
     // Runs `task` on the job thread (AgentJob::Post); from any thread.
@@ -63,11 +57,10 @@ class JobMembership {
     std::function<void(int64_t generation, const absl::Status& status,
                        bool only_waiting)>
         fail_generation;
-    // A held failure, to be reported now through the one path (OnOpDone).
-    std::function<void(uint64_t id, absl::Status status)> release_held;
-    // A held failure of a previous generation: operation `id`, if it is
-    // still there, fails with `status` as it is.
-    std::function<void(uint64_t id, const absl::Status& status)> finish;
+    // The data plane's failure was explained (or its grace period ended):
+    // the failures held meanwhile are reported now
+    // (JobOperations::ReleaseHeld).
+    std::function<void()> release_held;
     // The nodes declared tensor `index` differently: its operation fails
     // now unless a data plane holds it.
     std::function<void(int32_t index, const absl::Status& status)> mismatch;
@@ -77,7 +70,7 @@ class JobMembership {
   JobMembership(std::string job, const JobEnvironment& env,
                 JobTrainers* trainers, Callbacks callbacks);
   // StopDataPlanes, then closes the launch trace.
-  ~JobMembership();
+  ~JobMembership() override;
 
   JobMembership(const JobMembership&) = delete;
   JobMembership& operator=(const JobMembership&) = delete;
@@ -117,35 +110,24 @@ class JobMembership {
   // none when nothing is held.
   std::optional<absl::Time> failure_deadline() const;
 
-  // Holds operation `id`'s failure while the data plane's own failure
-  // waits for an explanation; false when nothing is held now.
-  bool HoldFailure(uint64_t id, const absl::Status& status);
-
-  State state() const { return state_; }
-  const std::optional<v1::Membership>& membership() const {
+  // JobGeneration.
+  State state() const override { return state_; }
+  const std::optional<v1::Membership>& membership() const override {
     return membership_;
   }
-  // The sealed generation; 0 before the first.
-  int64_t generation() const {
-    return membership_ ? membership_->generation() : 0;
-  }
-  int32_t node_rank() const { return node_rank_; }
-  int32_t rank_offset() const { return rank_offset_; }
-  // The plan's partition size (0 before the plan).
-  int64_t partition_bytes() const { return partition_bytes_; }
-  // The current generation's data plane; null when none is connected.
-  Scheduler* data_plane() const { return data_plane_.get(); }
-  // Why `generation` was aborted (it names the lost node); null if it was
-  // not.
-  const absl::Status* aborted(int64_t generation) const;
-  // Set when the data plane stopped for good in this generation (a node
-  // left, or the nodes disagree on the mode): enqueues fail with it at once.
-  const std::optional<absl::Status>& data_plane_stopped() const {
+  int64_t partition_bytes() const override { return partition_bytes_; }
+  Scheduler* data_plane() const override { return data_plane_.get(); }
+  const absl::Status* aborted(int64_t generation) const override;
+  const std::optional<absl::Status>& data_plane_stopped() const override {
     return data_plane_stopped_;
   }
-  // Why this generation's GPU communicators could not be connected; null
-  // when they were not tried or did not fail.
-  const absl::Status* devices_failed() const;
+  const absl::Status* devices_failed() const override;
+  bool holds_failures() const override {
+    return data_plane_failure_.has_value();
+  }
+
+  int32_t node_rank() const { return node_rank_; }
+  int32_t rank_offset() const { return rank_offset_; }
 
   // "job=J gen=G node=N " for this job's log lines, with "rank=R " (the
   // global rank) for `local_rank` once a generation is sealed.
@@ -180,6 +162,9 @@ class JobMembership {
   void OnDevicesConnected(int64_t generation,
                           absl::StatusOr<DeviceGroup> group);
   void RetireDataPlane(absl::Status status);
+  // The data plane's failure is explained, or will never be: what was held
+  // meanwhile is reported now (Callbacks::release_held).
+  void ReleaseHeld();
   // "<job>/<purpose>": the key under which the transport keeps this job's
   // connections of `purpose` between generations (ConnectRequest.reuse_key).
   std::string LinkKey(const std::string& purpose) const;
@@ -232,7 +217,6 @@ class JobMembership {
   // until the coordinator names a lost node or the grace period ends.
   std::optional<absl::Status> data_plane_failure_;
   absl::Time failure_deadline_;
-  std::vector<std::pair<uint64_t, absl::Status>> held_failures_;
   std::optional<absl::Status> data_plane_stopped_;
 
   // Data-plane connects run on their own threads; joined by

@@ -6,7 +6,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "agent/enqueue_validation.h"
 #include "agent/scheduler/negotiation.h"
@@ -17,33 +16,23 @@ namespace {
 
 std::atomic<uint64_t> next_op_id{1};
 
-// Every failure a trainer sees names its operation, also those for a
-// reason that is not about the tensor (a stopped data plane, a node that
-// left).
-std::string FailureMessage(const std::string& tensor, int64_t step,
-                           absl::string_view message) {
-  if (absl::StrContains(message, absl::StrCat("\"", tensor, "\""))) {
-    return std::string(message);
-  }
-  return absl::StrCat("tensor \"", tensor, "\" step ", step, ": ", message);
-}
-
 }  // namespace
 
 JobOperations::JobOperations(std::string job, const JobEnvironment& env,
-                             JobTrainers* trainers, JobMembership* membership,
+                             JobTrainers* trainers,
+                             const JobGeneration* generation,
                              std::function<void(std::function<void()>)> post)
     : job_(std::move(job)),
       env_(env),
       config_(*env.config),
       clock_(*env.clock),
       trainers_(*trainers),
-      membership_(*membership),
+      generation_(*generation),
       post_(std::move(post)) {}
 
 void JobOperations::TensorsDeclared() {
   op_of_tensor_.resize(trainers_.tensor_count(), 0);
-  lease_of_tensor_.resize(trainers_.tensor_count(), 0);
+  submitted_of_tensor_.resize(trainers_.tensor_count());
 }
 
 absl::Status JobOperations::ValidateEnqueue(int32_t rank,
@@ -59,7 +48,7 @@ absl::Status JobOperations::ValidateEnqueue(int32_t rank,
     waiting.rank_present = pending.ranks[rank].present;
   }
   const int32_t world =
-      membership_.membership() ? membership_.membership()->world_size() : 0;
+      generation_.membership() ? generation_.membership()->world_size() : 0;
   return agent::ValidateEnqueue(trainers_, rank, e,
                                 current != 0 ? &waiting : nullptr, world);
 }
@@ -73,10 +62,10 @@ void JobOperations::FailOp(int32_t rank, const TensorEnqueue& enqueue,
   if (enqueue.index >= 0 && enqueue.index < trainers_.tensor_count()) {
     const std::string& name = trainers_.tensor(enqueue.index).spec.name();
     failed->set_tensor(name);
-    message = FailureMessage(name, enqueue.step, message);
+    message = OperationFailureMessage(name, enqueue.step, message);
   }
   failed->set_step(enqueue.step);
-  failed->set_generation(membership_.generation());
+  failed->set_generation(generation_.generation());
   failed->set_code(static_cast<int32_t>(status.code()));
   failed->set_message(std::move(message));
   trainers_.trainer(rank).sink->Send(std::move(event));
@@ -84,16 +73,16 @@ void JobOperations::FailOp(int32_t rank, const TensorEnqueue& enqueue,
 }
 
 void JobOperations::Enqueue(int32_t rank, const TensorEnqueue& enqueue) {
-  using State = JobMembership::State;
-  const State state = membership_.state();
-  if (membership_.membership() &&
+  using State = JobGeneration::State;
+  const State state = generation_.state();
+  if (generation_.membership() &&
       (state == State::kReforming || state == State::kJoining ||
        state == State::kAttaching)) {
     // Between generations, or while a lost local trainer is replaced,
     // nothing can run: say so at once rather than hold the operation until
     // a generation that may never come.
     const absl::Status* aborted =
-        membership_.aborted(membership_.membership()->generation());
+        generation_.aborted(generation_.membership()->generation());
     return FailOp(rank, enqueue,
                   aborted != nullptr ? *aborted
                                      : absl::AbortedError(absl::StrCat(
@@ -110,25 +99,25 @@ void JobOperations::Enqueue(int32_t rank, const TensorEnqueue& enqueue) {
                                    "enqueue after `attached`")));
   }
   if (enqueue.generation > 0 &&
-      enqueue.generation != membership_.generation()) {
+      enqueue.generation != generation_.generation()) {
     // A fenced trainer started this before it heard of the re-form: it must
     // not run in a generation the trainer has not synchronized in.
-    const absl::Status* aborted = membership_.aborted(enqueue.generation);
+    const absl::Status* aborted = generation_.aborted(enqueue.generation);
     return FailOp(
         rank, enqueue,
         absl::AbortedError(absl::StrCat(
             "enqueued for generation ", enqueue.generation, " of job \"", job_,
-            "\", which is now in generation ", membership_.generation(),
+            "\", which is now in generation ", generation_.generation(),
             aborted != nullptr ? absl::StrCat(" (", aborted->message(), ")")
                                : std::string(),
             "; synchronize in the new generation and retry")));
   }
-  if (membership_.data_plane_stopped()) {
-    return FailOp(rank, enqueue, *membership_.data_plane_stopped());
+  if (generation_.data_plane_stopped()) {
+    return FailOp(rank, enqueue, *generation_.data_plane_stopped());
   }
   // The trainer may have heard of the previous step's success before this
   // thread did.
-  RetireFinished(enqueue.index);
+  ConcludeFinished(enqueue.index);
   absl::Status status = ValidateEnqueue(rank, enqueue);
   if (!status.ok()) return FailOp(rank, enqueue, status);
   LocalTensor& tensor = trainers_.tensor(enqueue.index);
@@ -148,7 +137,7 @@ void JobOperations::Enqueue(int32_t rank, const TensorEnqueue& enqueue) {
             " but another local rank used average=", o.average, " root_rank=",
             o.root_rank, "; every rank must enqueue the same operation"));
         FailOp(rank, enqueue, disagree);
-        FinishOp(pending, disagree);
+        Fail(pending, disagree);
         return;
       }
       break;
@@ -161,12 +150,19 @@ void JobOperations::Enqueue(int32_t rank, const TensorEnqueue& enqueue) {
     pending.id = current;
     pending.index = enqueue.index;
     pending.step = enqueue.step;
-    pending.generation = membership_.generation();
+    pending.generation = generation_.generation();
     pending.first_enqueued = clock_.Now();
     pending.ranks.assign(trainers_.local_size(), Enqueued{});
+    pending.completion = std::make_shared<OpCompletion>(
+        tensor.spec.name(), enqueue.index, enqueue.step, pending.generation);
   }
   PendingOp& pending = ops_.at(current);
   pending.ranks[rank] = Enqueued{true, enqueue};
+  const JobTrainers::Trainer& trainer = trainers_.trainer(rank);
+  if (trainer.sink && !trainer.detached) {
+    pending.completion->AddTarget(
+        {rank, trainer.sink, enqueue.via_channel ? trainer.mapping : nullptr});
+  }
   if (std::all_of(pending.ranks.begin(), pending.ranks.end(),
                   [](const Enqueued& e) { return e.present; })) {
     MakeReady(pending);
@@ -177,7 +173,6 @@ void JobOperations::MakeReady(PendingOp& pending) {
   LocalTensor& tensor = trainers_.tensor(pending.index);
   const TensorEnqueue& enqueue = pending.ranks[0].enqueue;
   const absl::Time now = clock_.Now();
-  pending.generation = membership_.generation();
   auto op = std::make_shared<Operation>();
   op->id = pending.id;
   op->tensor_name = tensor.spec.name();
@@ -207,18 +202,21 @@ void JobOperations::MakeReady(PendingOp& pending) {
 }
 
 void JobOperations::TrySubmit(PendingOp& pending) {
-  Scheduler* const data_plane = membership_.data_plane();
-  if (pending.data_plane != nullptr || !pending.op || data_plane == nullptr ||
-      membership_.state() != JobMembership::State::kRunning) {
+  DataPlane* const data_plane = generation_.data_plane();
+  if (pending.submitted || !pending.op || data_plane == nullptr ||
+      generation_.state() != JobGeneration::State::kRunning) {
     return;
   }
   LocalTensor& tensor = trainers_.tensor(pending.index);
-  if (tensor.tensor_id < 0 || !membership_.membership()) return;
-  const v1::Membership& membership = *membership_.membership();
-  if (lease_of_tensor_[pending.index] != 0) return;
+  if (tensor.tensor_id < 0 || !generation_.membership()) return;
+  const v1::Membership& membership = *generation_.membership();
+  // The lease: the previous step may still be inside an old data plane.
+  const std::shared_ptr<const OpCompletion>& previous =
+      submitted_of_tensor_[pending.index];
+  if (previous != nullptr && !previous->released()) return;
   if (pending.op->on_device) {
-    if (const absl::Status* failed = membership_.devices_failed()) {
-      FinishOp(pending, *failed);
+    if (const absl::Status* failed = generation_.devices_failed()) {
+      Fail(pending, *failed);
       return;
     }
     // Waits for this generation's GPU communicators.
@@ -239,10 +237,10 @@ void JobOperations::TrySubmit(PendingOp& pending) {
   op->partition_bytes =
       trainers_.mode() == SchedulingMode::kFifo || trainers_.TunesPartitions()
           ? 0
-          : membership_.partition_bytes();
+          : generation_.partition_bytes();
   if (op->kind == v1::COLLECTIVE_OP_BROADCAST) {
     if (op->root_rank >= membership.world_size()) {
-      FinishOp(pending, absl::InvalidArgumentError(absl::StrCat(
+      Fail(pending, absl::InvalidArgumentError(absl::StrCat(
                             "root rank ", op->root_rank, " of broadcast of \"",
                             op->tensor_name, "\" is outside the world of ",
                             membership.world_size(), " ranks")));
@@ -254,102 +252,106 @@ void JobOperations::TrySubmit(PendingOp& pending) {
     const int32_t root_offset = root.rank_offset;
     // A CUDA tensor's broadcast starts at the root's GPU, which every node
     // names (NCCL rank = node rank x GPUs per node + local GPU).
-    op->root_local = op->root_node == membership_.node_rank() || op->on_device
+    op->root_local = op->root_node == membership.self().node_rank() ||
+                             op->on_device
                          ? op->root_rank - root_offset
                          : -1;
   }
-  pending.generation = membership.generation();
-  pending.data_plane = data_plane;
-  PrepareDelivery(pending);
+  pending.submitted = true;
+  pending.completion->Submitted();
+  submitted_of_tensor_[pending.index] = pending.completion;
+  {
+    absl::MutexLock lock(&in_flight_mu_);
+    in_flight_[pending.id] = pending.completion;
+  }
+  // May report at once, on this thread (OpDone).
   data_plane->Submit(pending.op);
 }
 
-void JobOperations::PrepareDelivery(const PendingOp& pending) {
-  Delivery delivery;
-  for (size_t r = 0; r < pending.ranks.size(); ++r) {
-    const JobTrainers::Trainer& trainer =
-        trainers_.trainer(static_cast<int32_t>(r));
-    if (!pending.ranks[r].present || !trainer.sink || trainer.detached) {
-      continue;
-    }
-    delivery.targets.push_back(
-        {static_cast<int32_t>(r), trainer.sink,
-         pending.ranks[r].enqueue.via_channel ? trainer.mapping : nullptr});
-  }
-  delivery.entry =
-      ChannelEntry{pending.index, 0, pending.step, pending.generation, 0};
-  delivery.tensor = &trainers_.tensor(pending.index).spec.name();
-  absl::MutexLock lock(&deliveries_mu_);
-  deliveries_[pending.id] = std::move(delivery);
-}
-
-bool JobOperations::TakeDelivery(uint64_t id) {
-  absl::MutexLock lock(&deliveries_mu_);
-  return deliveries_.erase(id) > 0;
-}
-
 void JobOperations::DropDeliveries(int32_t rank) {
-  absl::MutexLock lock(&deliveries_mu_);
-  for (auto& [id, delivery] : deliveries_) {
-    auto& targets = delivery.targets;
-    targets.erase(std::remove_if(targets.begin(), targets.end(),
-                                 [rank](const Delivery::Target& t) {
-                                   return t.rank == rank;
-                                 }),
-                  targets.end());
+  for (auto& [id, pending] : ops_) pending.completion->Forget(rank);
+}
+
+void JobOperations::OpDone(uint64_t id, const absl::Status& status) {
+  std::shared_ptr<OpCompletion> completion;
+  {
+    absl::MutexLock lock(&in_flight_mu_);
+    auto it = in_flight_.find(id);
+    if (it != in_flight_.end()) {
+      completion = std::move(it->second);
+      in_flight_.erase(it);
+    }
+  }
+  // A success reaches the trainers here; a failure waits for the job
+  // thread's explanation.
+  if (completion != nullptr) completion->DataPlaneDone(status, clock_.Now());
+  post_([this, id, status] { OnOpDone(id, status); });
+}
+
+void JobOperations::OnOpDone(uint64_t id, const absl::Status& status) {
+  auto it = ops_.find(id);
+  if (it == ops_.end()) return;  // concluded and forgotten already
+  PendingOp& pending = it->second;
+  const int32_t index = pending.index;
+  if (!pending.completion->finished()) {
+    // A failure of the data plane's: explained before anyone hears of it.
+    if (generation_.aborted(pending.generation) == nullptr &&
+        generation_.holds_failures()) {
+      pending.held = status;
+      return;
+    }
+    pending.completion->Finish(Explained(pending, status), clock_.Now());
+  }
+  if (!pending.concluded) {
+    Conclude(pending);
+  } else {
+    MaybeForget(pending);
+  }
+  // Its tensor's next operation may have waited for the lease.
+  const uint64_t next = op_of_tensor_[index];
+  if (next != 0 && next != id) TrySubmit(ops_.at(next));
+}
+
+absl::Status JobOperations::Explained(const PendingOp& pending,
+                                      const absl::Status& status) const {
+  const absl::Status* aborted = generation_.aborted(pending.generation);
+  if (aborted == nullptr) return status;
+  return absl::Status(aborted->code(),
+                      absl::StrCat(aborted->message(),
+                                   " (the data plane saw: ", status.message(),
+                                   ")"));
+}
+
+void JobOperations::ReleaseHeld() {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, pending] : ops_) {
+    if (pending.held) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  for (uint64_t id : ids) {
+    PendingOp& pending = ops_.at(id);
+    const absl::Status held = *std::exchange(pending.held, std::nullopt);
+    Fail(pending, Explained(pending, held));
   }
 }
 
-void JobOperations::OpDone(uint64_t id, absl::Status status) {
-  if (status.ok()) {
-    Delivery delivery;
-    {
-      absl::MutexLock lock(&deliveries_mu_);
-      auto it = deliveries_.find(id);
-      if (it != deliveries_.end()) {
-        delivery = std::move(it->second);
-        deliveries_.erase(it);
-        // Before the trainers can hear of it: their next enqueue of this
-        // tensor finds it free (RetireFinished).
-        finished_[id] = clock_.Now();
-      }
-    }
-    for (const Delivery::Target& target : delivery.targets) {
-      if (target.mapping == nullptr ||
-          !target.mapping->Complete(delivery.entry)) {
-        // A stream rank, or a full ring: the stream carries it.
-        v1::TrainerEvent event;
-        v1::Completion* c = event.mutable_completion();
-        c->set_index(delivery.entry.index);
-        c->set_tensor(*delivery.tensor);
-        c->set_step(delivery.entry.step);
-        c->set_generation(delivery.entry.value);  // the generation
-        target.sink->Send(std::move(event));
-      }
-    }
-  }
-  post_([this, id, status = std::move(status)]() mutable {
-    OnOpDone(id, std::move(status));
-  });
-}
-
-void JobOperations::RetireFinished(int32_t index) {
+void JobOperations::ConcludeFinished(int32_t index) {
   if (index < 0 || static_cast<size_t>(index) >= op_of_tensor_.size() ||
       op_of_tensor_[index] == 0) {
     return;
   }
-  const uint64_t id = op_of_tensor_[index];
-  {
-    absl::MutexLock lock(&deliveries_mu_);
-    if (!finished_.contains(id)) return;
+  PendingOp& pending = ops_.at(op_of_tensor_[index]);
+  if (!pending.concluded && pending.completion->finished()) {
+    Conclude(pending);
   }
-  OnOpDone(id, absl::OkStatus());
 }
 
 void JobOperations::SubmitWaiting() {
   std::vector<uint64_t> ids;
   for (auto& [id, pending] : ops_) {
-    if (pending.op && pending.data_plane == nullptr) ids.push_back(id);
+    if (pending.op && !pending.submitted && !pending.concluded) {
+      ids.push_back(id);
+    }
   }
   // Lower ids were enqueued first.
   std::sort(ids.begin(), ids.end());
@@ -359,125 +361,60 @@ void JobOperations::SubmitWaiting() {
   }
 }
 
-void JobOperations::OnOpDone(uint64_t id, absl::Status status) {
-  std::optional<absl::Time> finished;
-  {
-    absl::MutexLock lock(&deliveries_mu_);
-    // A failure leaves its delivery record: FinishOp takes it.
-    auto it = finished_.find(id);
-    if (it != finished_.end()) {
-      finished = it->second;
-      finished_.erase(it);
-    }
-  }
-  auto it = ops_.find(id);
-  if (it == ops_.end()) return;  // retired already (RetireFinished)
-  PendingOp& pending = it->second;
-  if (pending.notified) {
-    // Its trainers already know; the buffers are free again.
-    lease_of_tensor_[pending.index] = 0;
-    ops_.erase(it);
-    SubmitWaiting();
-    return;
-  }
-  if (!status.ok()) {
-    if (const absl::Status* aborted = membership_.aborted(pending.generation)) {
-      status = absl::Status(
-          aborted->code(),
-          absl::StrCat(aborted->message(),
-                       " (the data plane saw: ", status.message(), ")"));
-    } else if (membership_.HoldFailure(id, status)) {
-      return;
-    }
-  }
-  // A success's latency ends when OpDone told the trainers.
-  FinishOp(pending, status, finished.value_or(clock_.Now()));
+void JobOperations::Fail(PendingOp& pending, const absl::Status& status) {
+  // False when it succeeded meanwhile: then it concludes as a success.
+  pending.completion->Finish(status, clock_.Now());
+  if (!pending.concluded) Conclude(pending);
 }
 
-void JobOperations::Notify(PendingOp& pending, const absl::Status& status) {
-  const LocalTensor& tensor = trainers_.tensor(pending.index);
-  std::optional<v1::TrainerEvent> event;
-  if (!status.ok()) {
-    // Whoever takes the delivery record tells the trainers; OpDone did not.
-    TakeDelivery(pending.id);
+void JobOperations::Conclude(PendingOp& pending) {
+  pending.concluded = true;
+  const absl::Status status = pending.completion->status();
+  LocalTensor& tensor = trainers_.tensor(pending.index);
+  if (status.ok()) {
+    if (tensor.tensor_id >= 0) {
+      // From the first enqueue to when the trainers were told; never below
+      // 0, even if the wall clock stepped back meanwhile.
+      const absl::Duration latency =
+          std::max(pending.completion->finished_at() - pending.first_enqueued,
+                   absl::ZeroDuration());
+      env_.metrics->OperationCompleted(tensor.spec.name(),
+                                       absl::ToChronoNanoseconds(latency),
+                                       tensor.size_bytes);
+      const int64_t us = absl::ToInt64Microseconds(latency);
+      Latency& l = latencies_[static_cast<uint32_t>(tensor.tensor_id)];
+      ++l.count;
+      l.total_us += us;
+      l.max_us = std::max(l.max_us, us);
+      l.last_step = std::max(l.last_step, pending.step);
+    }
+  } else {
     env_.metrics->OperationFailed();
-    event.emplace();
-    v1::OperationFailed* f = event->mutable_failed();
-    f->set_index(pending.index);
-    f->set_tensor(tensor.spec.name());
-    f->set_step(pending.step);
-    f->set_generation(pending.generation);
-    f->set_code(static_cast<int32_t>(status.code()));
-    f->set_message(
-        FailureMessage(tensor.spec.name(), pending.step, status.message()));
   }
-  LocalTensor& leased = trainers_.tensor(pending.index);
   for (size_t r = 0; r < pending.ranks.size(); ++r) {
     if (!pending.ranks[r].present) continue;
-    const int32_t rank = static_cast<int32_t>(r);
     if (status.ok()) {
-      // OpDone told it (a success reaches the trainers only that way).
-      trainers_.Completed(rank, pending.step);
-      continue;
+      trainers_.Completed(static_cast<int32_t>(r), pending.step);
+    } else {
+      // A failed step may be enqueued again (a retry after re-syncing).
+      tensor.last_step[r] = std::min(tensor.last_step[r], pending.step - 1);
     }
-    const JobTrainers::Trainer& trainer = trainers_.trainer(rank);
-    // A failed step may be enqueued again (a retry after re-syncing).
-    leased.last_step[r] = std::min(leased.last_step[r], pending.step - 1);
-    if (trainer.sink && !trainer.detached) trainer.sink->Send(*event);
   }
   if (op_of_tensor_[pending.index] == pending.id) {
     op_of_tensor_[pending.index] = 0;
   }
+  MaybeForget(pending);
 }
 
-void JobOperations::FinishOp(PendingOp& pending, const absl::Status& status) {
-  FinishOp(pending, status, clock_.Now());
-}
-
-void JobOperations::FinishOp(PendingOp& pending, const absl::Status& status,
-                             absl::Time ended) {
-  const LocalTensor& tensor = trainers_.tensor(pending.index);
-  if (status.ok() && tensor.tensor_id >= 0) {
-    // Never below 0, even if the wall clock stepped back meanwhile.
-    const absl::Duration latency =
-        std::max(ended - pending.first_enqueued, absl::ZeroDuration());
-    env_.metrics->OperationCompleted(tensor.spec.name(),
-                                     absl::ToChronoNanoseconds(latency),
-                                     tensor.size_bytes);
-    const int64_t us = absl::ToInt64Microseconds(latency);
-    Latency& l = latencies_[static_cast<uint32_t>(tensor.tensor_id)];
-    ++l.count;
-    l.total_us += us;
-    l.max_us = std::max(l.max_us, us);
-    l.last_step = std::max(l.last_step, pending.step);
+void JobOperations::MaybeForget(PendingOp& pending) {
+  if (pending.concluded && pending.completion->released()) {
+    ops_.erase(pending.id);
   }
-  Notify(pending, status);
-  ops_.erase(pending.id);
-}
-
-void JobOperations::FailNow(PendingOp& pending, const absl::Status& status) {
-  if (pending.notified) return;
-  if (pending.data_plane == nullptr) {
-    FinishOp(pending, status);
-    return;
-  }
-  // Already delivered as a success: its OnOpDone is on the way.
-  if (!TakeDelivery(pending.id)) return;
-  Notify(pending, status);
-  pending.notified = true;
-  lease_of_tensor_[pending.index] = pending.id;
-}
-
-void JobOperations::Finish(uint64_t id, const absl::Status& status) {
-  auto it = ops_.find(id);
-  if (it != ops_.end()) FinishOp(it->second, status);
 }
 
 void JobOperations::FailUnsubmitted(int32_t index, const absl::Status& status) {
   const uint64_t id = op_of_tensor_[index];
-  if (id != 0 && ops_.at(id).data_plane == nullptr) {
-    FinishOp(ops_.at(id), status);
-  }
+  if (id != 0 && !ops_.at(id).submitted) Fail(ops_.at(id), status);
 }
 
 void JobOperations::FailGeneration(int64_t generation,
@@ -485,20 +422,22 @@ void JobOperations::FailGeneration(int64_t generation,
                                    bool only_waiting) {
   std::vector<uint64_t> ids;
   for (auto& [id, pending] : ops_) {
-    if (only_waiting && pending.data_plane != nullptr) continue;
-    if (!pending.notified && pending.generation == generation) {
+    if (only_waiting && pending.submitted) continue;
+    if (!pending.concluded && pending.generation == generation) {
       ids.push_back(id);
     }
   }
-  for (uint64_t id : ids) FailNow(ops_.at(id), status);
+  std::sort(ids.begin(), ids.end());
+  for (uint64_t id : ids) Fail(ops_.at(id), status);
 }
 
 void JobOperations::FailAll(const absl::Status& status) {
   std::vector<uint64_t> ids;
   for (auto& [id, pending] : ops_) {
-    if (!pending.notified) ids.push_back(id);
+    if (!pending.concluded) ids.push_back(id);
   }
-  for (uint64_t id : ids) FailNow(ops_.at(id), status);
+  std::sort(ids.begin(), ids.end());
+  for (uint64_t id : ids) Fail(ops_.at(id), status);
 }
 
 int64_t JobOperations::NextStep(int32_t index) const {

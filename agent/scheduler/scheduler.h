@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/scheduler/data_plane.h"
 #include "agent/scheduler/executor.h"
 #include "agent/scheduler/launch_queue.h"
 #include "agent/scheduler/negotiation.h"
@@ -62,7 +63,7 @@ struct SchedulerOptions : ExecutorOptions {
 // kind of memory on every node (the coordinator compares TensorSpec.memory).
 //
 // Thread-safe. Callbacks run on data-plane threads without its lock held.
-class Scheduler {
+class Scheduler : public DataPlane {
  public:
   struct Callbacks {
     // Exactly once per submitted operation, when the data plane no longer
@@ -109,7 +110,7 @@ class Scheduler {
             Callbacks callbacks, DeviceGroup device = {});
   // Aborts (CANCELLED) and joins the threads; a worker inside a collective
   // is waited for (bounded by op_timeout).
-  ~Scheduler();
+  ~Scheduler() override;
 
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -118,12 +119,13 @@ class Scheduler {
   // connected (the agent connects them only for jobs with CUDA tensors).
   // At most once; Submit fails operations on CUDA tensors before it.
   void AttachDevices(DeviceGroup device);
-  bool has_devices() const;
+  bool has_devices() const override;
 
   // Hands over an operation whose inputs are ready. At most one per tensor
   // at a time: the next step of a tensor is submitted after op_done of the
   // previous one.
-  void Submit(std::shared_ptr<const Operation> op) ABSL_LOCKS_EXCLUDED(mu_);
+  void Submit(std::shared_ptr<const Operation> op) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The plan now covers tensor ids 0..count-1 on this node.
   void SetKnownTensors(int32_t count) ABSL_LOCKS_EXCLUDED(mu_);

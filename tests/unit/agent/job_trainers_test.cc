@@ -16,18 +16,10 @@
 #include "common/shm.h"
 #include "common/shm_channel.h"
 #include "gtest/gtest.h"
+#include "tests/unit/agent/recording_sink.h"
 
 namespace baton::agent {
 namespace {
-
-class RecordingSink : public TrainerSink {
- public:
-  void Send(v1::TrainerEvent event) override { events.push_back(event); }
-  void Close(absl::Status status) override { closes.push_back(status); }
-
-  std::vector<v1::TrainerEvent> events;
-  std::vector<absl::Status> closes;
-};
 
 class JobTrainersTest : public ::testing::Test {
  protected:
@@ -91,19 +83,19 @@ TEST_F(JobTrainersTest, CorruptRequestRingClosesThatTrainerOnly) {
   };
   EXPECT_TRUE(trainers_->DrainChannels(record));
   EXPECT_EQ(drained, (std::vector<std::pair<int32_t, int64_t>>{{1, 3}}));
-  ASSERT_EQ(bad->closes.size(), 1u);
-  EXPECT_EQ(bad->closes[0].code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad->closes[0].message().find(absl::StrCat(
+  ASSERT_EQ(bad->closes().size(), 1u);
+  EXPECT_EQ(bad->closes()[0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad->closes()[0].message().find(absl::StrCat(
                 "local rank 0 of job \"job\": its request ring holds ", tail,
                 " entries")),
             std::string::npos)
-      << bad->closes[0];
-  EXPECT_TRUE(good->closes.empty());
+      << bad->closes()[0];
+  EXPECT_TRUE(good->closes().empty());
 
   drained.clear();
   EXPECT_FALSE(trainers_->DrainChannels(record));
   EXPECT_TRUE(drained.empty());
-  EXPECT_EQ(bad->closes.size(), 1u) << "closed again";
+  EXPECT_EQ(bad->closes().size(), 1u) << "closed again";
 }
 
 // GROUP_RANK reaches the coordinator as the node's JoinJob.node_rank: every
