@@ -1,25 +1,21 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "agent/job_data_plane.h"
 #include "agent/job_environment.h"
 #include "agent/job_generation.h"
 #include "agent/job_trainers.h"
 #include "agent/scheduler/scheduler.h"
-#include "agent/scheduler/timeline_recorder.h"
-#include "agent/transport/transport.h"
 #include "baton/v1/coordinator.pb.h"
 #include "common/clock.h"
 
@@ -27,12 +23,9 @@ namespace baton::agent {
 
 // The coordinator's side of one job on this node and the generations it
 // seals: joining (again on a new session), the membership, the tensor plan
-// and the manifest, generation aborts, and each generation's data plane:
-// connecting it (the `Scheduler`, and the CUDA tensors' `DeviceGroup`) on
-// connector threads, so the job thread never blocks on peers, and retiring
-// it. When a data plane fails on its own, the failures of its operations
-// are held until the coordinator names a lost node or the grace period
-// (the liveness timeout) ends; then this node leaves and joins again.
+// and the manifest, and generation aborts. It tells the job's data plane
+// (JobDataPlane, which it owns) of each generation and plan, and publishes
+// the generation to the job's operations (JobGeneration).
 //
 // Job thread only; the connector threads and the data planes reach it only
 // through Callbacks::post. It reaches the job's operations and the job
@@ -77,7 +70,7 @@ class JobMembership : public JobGeneration {
 
   // Joins the connector threads and destroys every data plane, which then
   // reports nothing more. After the job thread stopped.
-  void StopDataPlanes();
+  void StopDataPlanes() { data_plane_.Stop(); }
 
   // Every local rank attached: join the job.
   void Join();
@@ -104,11 +97,13 @@ class JobMembership : public JobGeneration {
   // A trainer reached a commit while nodes wait to join `generation`: ask
   // the coordinator to admit them (once per generation).
   void AdmitJoins(int64_t generation);
-  // The held failures' grace period, and retired data planes that finished.
-  void OnTimer(absl::Time now);
+  // The data plane's timers (JobDataPlane::OnTimer).
+  void OnTimer(absl::Time now) { data_plane_.OnTimer(now); }
   // When the held failures are reported if no lost node is named first;
   // none when nothing is held.
-  std::optional<absl::Time> failure_deadline() const;
+  std::optional<absl::Time> failure_deadline() const {
+    return data_plane_.failure_deadline();
+  }
 
   // JobGeneration.
   State state() const override { return state_; }
@@ -116,14 +111,16 @@ class JobMembership : public JobGeneration {
     return membership_;
   }
   int64_t partition_bytes() const override { return partition_bytes_; }
-  Scheduler* data_plane() const override { return data_plane_.get(); }
+  Scheduler* data_plane() const override { return data_plane_.current(); }
   const absl::Status* aborted(int64_t generation) const override;
   const std::optional<absl::Status>& data_plane_stopped() const override {
-    return data_plane_stopped_;
+    return data_plane_.stopped();
   }
-  const absl::Status* devices_failed() const override;
+  const absl::Status* devices_failed() const override {
+    return data_plane_.devices_failed();
+  }
   bool holds_failures() const override {
-    return data_plane_failure_.has_value();
+    return data_plane_.holds_failures();
   }
 
   int32_t node_rank() const { return node_rank_; }
@@ -148,37 +145,16 @@ class JobMembership : public JobGeneration {
   void SendJoin();
   void SendAttached();
   v1::Attached AttachedFor(int32_t local_rank) const;
-  void ConnectDataPlane();
-  // On a connector thread: the data communicators every node builds (node
-  // rank 0's --data_channels, published in the store).
-  absl::StatusOr<int> AgreeOnChannels(const ConnectRequest& request) const;
-  void OnDataPlaneConnected(int64_t generation,
-                            absl::StatusOr<DataConnections> connections);
-  void OnDataPlaneStopped(Scheduler* plane, absl::Status status);
-  // Connects the CUDA tensors' communicators of this generation once the
-  // plan has a CUDA tensor (every node sees the same plan, so every node
-  // connects them); on a connector thread.
-  void MaybeConnectDevices();
-  void OnDevicesConnected(int64_t generation,
-                          absl::StatusOr<DeviceGroup> group);
-  void RetireDataPlane(absl::Status status);
-  // The data plane's failure is explained, or will never be: what was held
-  // meanwhile is reported now (Callbacks::release_held).
-  void ReleaseHeld();
-  // "<job>/<purpose>": the key under which the transport keeps this job's
-  // connections of `purpose` between generations (ConnectRequest.reuse_key).
-  std::string LinkKey(const std::string& purpose) const;
+  // The data plane's failure was not explained within its grace period:
+  // leave and join again, which forces a new generation.
+  void OnGraceEnded(const absl::Status& status);
 
   // Constant after construction.
   const std::string job_;
   const JobEnvironment& env_;
   const AgentConfig& config_;
-  Clock& clock_;
   JobTrainers& trainers_;
   const Callbacks callbacks_;
-  std::FILE* launch_trace_ = nullptr;
-  // Before the data planes: they record into it until they are destroyed.
-  TimelineRecorder timeline_{static_cast<size_t>(config_.timeline_records)};
 
   // Owned by the job thread.
   State state_ = State::kAttaching;
@@ -202,26 +178,12 @@ class JobMembership : public JobGeneration {
   int32_t rank_offset_ = 0;
   std::optional<v1::TensorPlan> plan_;
   int64_t partition_bytes_ = 0;
-  std::unique_ptr<Scheduler> data_plane_;
-  // The generation whose device group is connecting or attached (-1: none),
-  // and why connecting it failed (CUDA operations of that generation fail
-  // with it).
-  int64_t devices_generation_ = -1;
-  std::optional<absl::Status> devices_failed_;
-  // Data planes of aborted generations, until their threads exit.
-  std::vector<std::unique_ptr<Scheduler>> retired_;
   // Generation aborted by the coordinator -> the status its operations fail
   // with (names the lost node).
   absl::flat_hash_map<int64_t, absl::Status> aborted_;
-  // Set when the data plane failed on its own: operation failures are held
-  // until the coordinator names a lost node or the grace period ends.
-  std::optional<absl::Status> data_plane_failure_;
-  absl::Time failure_deadline_;
-  std::optional<absl::Status> data_plane_stopped_;
-
-  // Data-plane connects run on their own threads; joined by
-  // StopDataPlanes.
-  std::vector<std::thread> connectors_;
+  // Declared last: destroyed first (its connector threads and data planes
+  // report into the state above until they are gone).
+  JobDataPlane data_plane_;
 };
 
 }  // namespace baton::agent
