@@ -14,6 +14,9 @@ Columns (from summarize.py's rows; "-" where the mode is missing):
   priority speedup      DDP's median step / priority's, fifo's / priority's
   priority vs bound     priority's median step / the ideal bound - 1, the
                         bound max(compute, 2(n-1)/n x gradient bytes / rate)
+  rate                  as given (auto: with the rate it settled on); for
+                        an emulated GPU (MODEL=emu-...), with the dilation k
+                        and the rate the link stands for (rate x k)
   CPU ms/MiB            per node and step, per MiB of gradients: trainer
                         extra = (the mode's trainer CPU - the compute-only
                         trainer CPU) x 1000 / MiB; agent = (all agents' CPU
@@ -88,7 +91,7 @@ def one(out, model, rate, modes):
 
     first = next(iter(by_mode.values()), None)
     if first:
-        for key in ("model", "grad_bytes", "params", "batch", "nodes", "rate_mbit", "steps", "warmup"):
+        for key in ("model", "grad_bytes", "params", "batch", "nodes", "rate_mbit", "steps", "warmup", "dilation"):
             if key in first:
                 entry["description" if key == "model" else key] = first[key]
     for mode in ("ddp", "fifo", "priority", "compute", "ideal"):
@@ -156,6 +159,8 @@ def main():
         rate = e["rate"]
         if e.get("rate_mbit") is not None and rate == "auto":
             rate = "auto (%g Mbit/s)" % e["rate_mbit"]
+        if e.get("dilation", 1) != 1:  # an emulated GPU: the link stands for one k times faster
+            rate += ", dilation %g (%g Mbit/s emulated)" % (e["dilation"], e["rate_mbit"] * e["dilation"])
         cpu = {}
         for mode in ("ddp", "priority"):
             t, a = e.get("%s_trainer_extra_cpu_ms_per_mib" % mode), e.get("%s_agent_cpu_ms_per_mib" % mode)
@@ -178,8 +183,8 @@ def main():
         ))
     print(
         "\nSteps: the median over rounds of the slowest node's median timed step. Speedups: DDP's "
-        "(fifo's) median step / priority's. Bound: priority's step / max(compute-only step, "
-        "2(n-1)/n x gradient bytes / rate) - 1; in parentheses against max(the compute step of all "
+        "(fifo's) median step / priority's. Bound: priority's step / max(compute-only step (an emulated "
+        "GPU's: the profile's compute x dilation), 2(n-1)/n x gradient bytes / rate) - 1; in parentheses against max(the compute step of all "
         "nodes' processes at once, which share this machine's cores, communication). CPU ms/MiB, per node and step per MiB of gradients: "
         "trainer extra = (the mode's trainer-process CPU per timed step - the compute-only run's) x "
         "1000 / MiB, what communication adds inside the trainer (gloo for DDP, the baton client for "

@@ -26,6 +26,17 @@ CPU (per node and step, G = MiB of gradients, 2^20 bytes):
                    STEPS; median over rounds. ~0 for ddp (idle agents)
   ms per MiB       1000 x each of the two above / G
 Speedup over DDP (fifo, priority): DDP's median step / the mode's.
+
+Cores per node (every mode): trainer CPU / the mode's median step, agent CPU
+/ the same: how much of a core each process kept busy.
+
+An emulated GPU (trainer.py emu-MODEL; --max-cores given): every row states
+the dilation k (every modelled time x k, the links' rate / k: a link shaped
+to R stands for R x k) and the ideal bound's compute is the profile's x k
+(the compute-only run, beside it, shows what the emulator adds). A mode
+whose trainer or agent used more than --max-cores cores is refused (its
+row says why; exit status 3): with compute that uses no CPU, a process that
+busy means the CPU, not the link, may have set the pace.
 """
 
 import argparse
@@ -112,7 +123,11 @@ def main():
     parser.add_argument("--default-credit-bytes", type=int, help="the agent's default, for the text")
     parser.add_argument("--agent-flags", default="", help="AGENT_FLAGS of the run, for the text")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--max-cores", type=float,
+                        help="an emulated GPU's run: refuse a mode whose trainer or agent used more cores")
     args = parser.parse_args()
+    if args.max_cores is not None and not args.max_cores > 0:
+        parser.error("--max-cores %r: give a positive number" % args.max_cores)
 
     compute = load(os.path.join(args.logs, "compute.json"))
     n = args.nodes
@@ -143,7 +158,12 @@ def main():
         "batch": compute["batch"],
         "steps": args.steps,
         "warmup": args.warmup,
+        "dilation": compute.get("dilation", 1.0),
     }
+    emulated = "modelled_compute_s" in compute
+    if emulated:
+        base.update(emulated=True, profile_source=compute.get("profile_source"),
+                    emulated_rate_mbit=args.rate_mbit * base["dilation"])
     rows = {}
     for mode in MODES:
         rounds, agents_cpu = [], []
@@ -178,6 +198,11 @@ def main():
     comm_bytes = 2 * (n - 1) / n * compute["grad_bytes"]
     comm_s = comm_bytes * 8 / (args.rate_mbit * 1e6)
     compute_s = rows["compute"]["median_step_s"]
+    if emulated:
+        # The profile's compute; the compute-only run says what the emulator adds.
+        compute_s = compute["modelled_compute_s"]
+        rows["compute"]["modelled_compute_s"] = compute_s
+        rows["compute"]["emulator_overhead"] = rows["compute"]["median_step_s"] / compute_s - 1
     ideal = dict(base, mode="ideal", compute_s=compute_s, comm_bytes_per_node=int(comm_bytes), comm_s=comm_s)
     ideal["median_step_s"] = max(compute_s, comm_s)
     priority = rows.get("priority")
@@ -206,6 +231,16 @@ def main():
         r["agent_cpu_ms_per_mib"] = 1000 * r["agents_cpu_per_node_per_step_s"] / mib
         if mode != "ddp" and "ddp" in rows:
             r["speedup_over_ddp"] = rows["ddp"]["median_step_s"] / r["median_step_s"]
+        r["trainer_cores"] = r["trainer_cpu_per_step_s"] / r["median_step_s"]
+        r["agent_cores"] = r["agents_cpu_per_node_per_step_s"] / r["median_step_s"]
+        if args.max_cores is not None:
+            busy = [(who, r[who + "_cores"]) for who in ("trainer", "agent") if r[who + "_cores"] > args.max_cores]
+            if busy:
+                r["refused"] = "%s used %s cores (more than %g): the CPU may have set the pace" % (
+                    " and ".join(w for w, _ in busy), " and ".join("%.2f" % c for _, c in busy), args.max_cores)
+    refused = [m for m in MODES if m in rows and "refused" in rows[m]]
+    if refused:
+        ideal["refused"] = "modes %s refused" % ", ".join(refused)
     with open(args.jsonl, "a") as f:
         for r in rows.values():
             f.write(json.dumps(r) + "\n")
@@ -219,11 +254,20 @@ def main():
             args.rate_mbit, args.steps, args.rounds, args.warmup,
         )
     )
+    if emulated:
+        print(
+            "Emulated GPU, dilation k = %g: every modelled time x %g and links shaped to %g Mbit/s, "
+            "standing for the profile's accelerator on %g Mbit/s links; modelled compute %.3f s a step "
+            "(%.4f s undilated). Modes whose trainer or agent used more than %g cores are refused.\n"
+            % (base["dilation"], base["dilation"], args.rate_mbit, base["emulated_rate_mbit"], compute_s,
+               compute_s / base["dilation"], args.max_cores if args.max_cores is not None else float("inf"))
+        )
     print(
         "| | median step (s) | min (s) | max (s) | speedup over DDP | priority speedup over it "
-        "| CPU s/step per node: trainer, agent | CPU ms/MiB: trainer extra, agent |"
+        "| CPU s/step per node: trainer, agent | CPU ms/MiB: trainer extra, agent "
+        "| cores per node: trainer, agent | dilation |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for key in MODES + ["compute", "concurrent", "ideal"]:
         r = rows.get(key)
         if not r:
@@ -247,9 +291,14 @@ def main():
         if "agent_cpu_ms_per_mib" in r:
             per_mib = "%.2f, %.2f" % (r["trainer_extra_cpu_ms_per_mib"], r["agent_cpu_ms_per_mib"])
         over_ddp = "%.2fx" % r["speedup_over_ddp"] if "speedup_over_ddp" in r else ""
+        cores = "%.2f, %.2f" % (r["trainer_cores"], r["agent_cores"]) if "agent_cores" in r else ""
+        if "refused" in r:
+            name += " **(refused: %s)**" % r["refused"]
+        elif key == "compute" and "emulator_overhead" in r:
+            name += " (modelled %.3f s: emulator %+.1f%%)" % (r["modelled_compute_s"], 100 * r["emulator_overhead"])
         print(
-            "| %s | %.3f | %s | %s | %s | %s | %s | %s |"
-            % ((name, r["median_step_s"]) + extremes + (over_ddp, speed, cpu, per_mib))
+            "| %s | %.3f | %s | %s | %s | %s | %s | %s | %s | %g |"
+            % ((name, r["median_step_s"]) + extremes + (over_ddp, speed, cpu, per_mib, cores, r["dilation"]))
         )
     c = rows["compute"]
     print(
@@ -305,6 +354,9 @@ def main():
     missing = [m for m in MODES if m not in rows]
     if missing:
         print("\nmissing (failed or not run): %s" % ", ".join(missing))
+    if refused:
+        print("\nREFUSED: %s." % "; ".join("%s: %s" % (m, rows[m]["refused"]) for m in refused))
+        sys.exit(3)
 
 
 if __name__ == "__main__":

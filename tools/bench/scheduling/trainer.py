@@ -13,6 +13,11 @@ each step's wall time to --result as JSON. Models (--model):
   transformer   a torch.nn TransformerEncoder over token sequences (embedding,
                 encoder layers, classification head)
   tiny          a small VGG-like model that only checks the harness
+  emu-MODEL     MODEL (vgg16, resnet50, resnet18, mobilenet_v2, bert_base;
+                layer_models.py) on an emulated GPU (emulated.py): its real
+                parameters and gradients, each layer's compute a sleep of the
+                time in --profile (default profiles/MODEL.flops.json) x
+                --dilation; the batch is the profile's
 
 torchvision (Debian's python3-torchvision) is needed for its models only.
 Modes:
@@ -43,6 +48,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import emulated
+import layer_models
+
 # VGG-like models: name -> (width, hidden, batch, convs per block). "tiny"
 # only checks the harness (QUICK=1). Keep batches of 16 or more: below that
 # torch runs the 1x1 convolutions (fc7, fc8) without oneDNN.
@@ -57,7 +65,10 @@ TORCHVISION_MODELS = {"resnet18": 32, "resnet50": 16, "mobilenet_v2": 32}
 # width, sequence length, batch. Debian's torch runs nn.Linear on a slow
 # reference BLAS, so it is small.
 TRANSFORMER = dict(vocab=8192, width=256, layers=2, heads=4, ff=1024, seq=32, batch=8)
-MODELS = sorted(list(VGG_MODELS) + list(TORCHVISION_MODELS) + ["transformer"])
+EMULATED_PREFIX = "emu-"
+EMULATED_MODELS = [EMULATED_PREFIX + name for name in layer_models.MODELS]
+MODELS = sorted(list(VGG_MODELS) + list(TORCHVISION_MODELS) + ["transformer"]) + EMULATED_MODELS
+PROFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 CLASSES = 10
 IMAGE = 32  # 3 x 32 x 32 inputs, as CIFAR
 BATCHES = 4  # distinct synthetic batches, cycled
@@ -102,7 +113,22 @@ class TransformerClassifier(nn.Module):
 
 
 def build(args):
-    """The model of --model and a description of it; sets args.batch."""
+    """The model of --model and a description of it; sets args.batch (and,
+    for an emulated model, args.emulation: (profile, stream, model))."""
+    if args.model in EMULATED_MODELS:
+        name = args.model[len(EMULATED_PREFIX):]
+        path = args.profile or os.path.join(PROFILES, "%s.flops.json" % name)
+        try:
+            model, description, profile, stream = emulated.load(name, path, args.dilation)
+        except layer_models.ProfileError as e:
+            raise SystemExit("trainer.py: --profile: %s" % e)
+        if args.batch and args.batch != profile["batch"]:
+            raise SystemExit("trainer.py: --batch %d: an emulated model runs the batch of its profile (%d)"
+                             % (args.batch, profile["batch"]))
+        args.batch = profile["batch"]
+        args.emulation = (profile, stream, model)
+        return model, "%s on an emulated GPU (%s profile, dilation %g)" % (
+            description, profile.get("source", "?"), args.dilation)
     if args.model in VGG_MODELS:
         width, hidden, batch, convs = VGG_MODELS[args.model]
         width, hidden, convs = args.width or width, args.hidden or hidden, args.convs or convs
@@ -128,7 +154,10 @@ def describe(model):
     return params, grad_bytes
 
 
-def make_batches(model_name, rank, batch):
+def make_batches(model_name, rank, batch, emulation=None):
+    if emulation is not None:
+        profile, _, model = emulation
+        return emulated.make_batches(profile, rank, BATCHES, model)
     g = torch.Generator().manual_seed(1000 + rank)
     if model_name == "transformer":
         t = TRANSFORMER
@@ -174,7 +203,7 @@ def run_ddp(args, model, optimizer):
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method=args.init, rank=rank, world_size=size)
     ddp = DistributedDataParallel(model)
-    result = train(ddp, optimizer, make_batches(args.model, rank, args.batch), args.steps)
+    result = train(ddp, optimizer, make_batches(args.model, rank, args.batch, args.emulation), args.steps)
     # Debian's torch 1.13 + gloo: free the DDP object and pass a barrier
     # before destroy_process_group(), or some exits hang.
     del ddp
@@ -192,7 +221,7 @@ def run_baton(args, model, optimizer):
         optimizer = bt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     else:
         optimizer = bt.ScheduledOptimizer(model, optimizer, num_steps=args.steps)
-    result = train(model, optimizer, make_batches(args.model, bt.rank(), args.batch), args.steps)
+    result = train(model, optimizer, make_batches(args.model, bt.rank(), args.batch, args.emulation), args.steps)
     if args.mode == "priority":
         optimizer.close()
     if args.hold:
@@ -218,6 +247,9 @@ def main():
     parser.add_argument("--convs", type=int, help="convolutions per block (default: the model's)")
     parser.add_argument("--batch", type=int, help="samples per step per trainer (default: the model's)")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--profile", help="emu-MODEL: the layer profile (default profiles/MODEL.flops.json)")
+    parser.add_argument("--dilation", type=float, default=1.0,
+                        help="emu-MODEL: every modelled time x DILATION (default 1)")
     parser.add_argument("--init", default="", help="ddp: tcp://HOST:PORT of rank 0")
     parser.add_argument("--result", default="", help="JSON file to write")
     parser.add_argument(
@@ -228,6 +260,13 @@ def main():
     args = parser.parse_args()
     if not (args.describe or args.compute_only or args.mode):
         parser.error("give --mode, --compute-only or --describe")
+    if args.steps < 1:
+        parser.error("--steps %d: give a positive number" % args.steps)
+    if not (0 < args.dilation < float("inf")):
+        parser.error("--dilation %r: give a positive number" % args.dilation)
+    if args.model not in EMULATED_MODELS and (args.profile or args.dilation != 1.0):
+        parser.error("--profile and --dilation are for the emulated models (emu-MODEL) only")
+    args.emulation = None
 
     # glibc returns every freed block above its (dynamic) mmap threshold to
     # the kernel, so each step page-faults tens of MB of fresh activations:
@@ -248,12 +287,24 @@ def main():
         "params": params,
         "grad_bytes": grad_bytes,
     }
+    if args.emulation is not None:
+        profile, stream, _ = args.emulation
+        out.update(
+            dilation=args.dilation,
+            profile_source=profile.get("source"),
+            modelled_compute_s=args.dilation * profile["compute_s"],
+            modelled_phases_s=[args.dilation * profile[k] for k in ("forward_s", "backward_s", "update_s")],
+        )
     if args.describe:
         print(json.dumps(out))
         return
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+    if args.emulation is not None:
+        optimizer = emulated.EmulatedSGD(model.parameters(), profile, stream, args.dilation)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
     if args.compute_only:
-        rank, size, result = 0, 1, train(model, optimizer, make_batches(args.model, 0, args.batch), args.steps)
+        rank, size, result = 0, 1, train(
+            model, optimizer, make_batches(args.model, 0, args.batch, args.emulation), args.steps)
     elif args.mode == "ddp":
         rank, size, result = run_ddp(args, model, optimizer)
     else:
