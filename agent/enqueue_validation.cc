@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "agent/reduce_op.h"
 #include "agent/scheduler/negotiation.h"
 
 namespace baton::agent {
@@ -47,6 +48,38 @@ absl::Status ValidateEnqueue(const JobTrainers& trainers, int32_t rank,
           absl::StrCat("local rank ", rank, " enqueued step ", e.step, " of ",
                        named, " while the other local ranks enqueued step ",
                        waiting->step, "; every rank must run the same steps"));
+    }
+  }
+  if (e.reduce_op != v1::REDUCE_OP_SUM) {
+    const auto op = static_cast<v1::ReduceOp>(e.reduce_op);
+    if (tensor.spec.op() != v1::COLLECTIVE_OP_PUSH_PULL) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "EnqueueRequest.reduce_op is ", e.reduce_op, " for ", named,
+          ", which was declared BROADCAST; a reduce op applies to PUSH_PULL"));
+    }
+    if (!v1::ReduceOp_IsValid(e.reduce_op)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "EnqueueRequest.reduce_op is ", e.reduce_op, " for ", named,
+          "; give sum (0), min (1), max (2), product (3), band (4), bor (5) "
+          "or bxor (6)"));
+    }
+    if (e.average) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "EnqueueRequest.average is set with reduce op ", ReduceOpName(op),
+          " for ", named, "; average applies to a sum only"));
+    }
+    if (!ReduceOpApplies(op, tensor.spec.dtype())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reduce op ", ReduceOpName(op), " does not apply to ", named, " (",
+          v1::DataType_Name(tensor.spec.dtype()),
+          "): the bitwise ops take integer tensors only"));
+    }
+    if (tensor.spec.memory() == v1::MEMORY_KIND_CUDA &&
+        (op == v1::REDUCE_OP_BAND || op == v1::REDUCE_OP_BOR ||
+         op == v1::REDUCE_OP_BXOR)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reduce op ", ReduceOpName(op), " on CUDA ", named,
+          ": NCCL has no bitwise reductions; use a host tensor"));
     }
   }
   if (tensor.spec.op() == v1::COLLECTIVE_OP_BROADCAST) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/enqueue_validation.h"
+#include "agent/reduce.h"
 #include "agent/scheduler/negotiation.h"
 #include "common/membership_view.h"
 
@@ -129,13 +130,17 @@ void JobOperations::Enqueue(int32_t rank, const TensorEnqueue& enqueue) {
     for (const Enqueued& other : pending.ranks) {
       if (!other.present) continue;
       const TensorEnqueue& o = other.enqueue;
-      if (o.average != enqueue.average || o.root_rank != enqueue.root_rank) {
+      if (o.average != enqueue.average || o.root_rank != enqueue.root_rank ||
+          o.reduce_op != enqueue.reduce_op) {
         const absl::Status disagree = absl::InvalidArgumentError(absl::StrCat(
             "local rank ", rank, " enqueued step ", enqueue.step,
             " of tensor \"", tensor.spec.name(), "\" with average=",
-            enqueue.average, " root_rank=", enqueue.root_rank,
+            enqueue.average, " root_rank=", enqueue.root_rank, " op=",
+            ReduceOpName(static_cast<v1::ReduceOp>(enqueue.reduce_op)),
             " but another local rank used average=", o.average, " root_rank=",
-            o.root_rank, "; every rank must enqueue the same operation"));
+            o.root_rank, " op=",
+            ReduceOpName(static_cast<v1::ReduceOp>(o.reduce_op)),
+            "; every rank must enqueue the same operation"));
         FailOp(rank, enqueue, disagree);
         Fail(pending, disagree);
         return;
@@ -180,6 +185,7 @@ void JobOperations::MakeReady(PendingOp& pending) {
   op->kind = tensor.spec.op();
   op->dtype = tensor.spec.dtype();
   op->average = enqueue.average;
+  op->reduce_op = static_cast<v1::ReduceOp>(enqueue.reduce_op);
   op->size_bytes = tensor.size_bytes;
   op->ready_unix_us = absl::ToUnixMicros(now);
   if (tensor.on_device()) {

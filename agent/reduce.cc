@@ -399,7 +399,171 @@ bool UseF16C() {
   return use;
 }
 
+// The element-wise operations other than the sum, on the Compute type.
+// Integers: MIN and MAX on their signed type, PRODUCT and the bitwise ops on
+// the unsigned one (wrapping without undefined behaviour, same bits).
+struct MinOp {
+  template <typename T>
+  static BATON_REDUCE_INLINE T Apply(T a, T b) {
+    // a != a: a is NaN (never for integers); a NaN in b fails a < b.
+    return (a < b || a != a) ? a : b;
+  }
+};
+struct MaxOp {
+  template <typename T>
+  static BATON_REDUCE_INLINE T Apply(T a, T b) {
+    return (a > b || a != a) ? a : b;
+  }
+};
+struct ProductOp {
+  template <typename T>
+  static BATON_REDUCE_INLINE T Apply(T a, T b) {
+    return static_cast<T>(a * b);
+  }
+};
+struct AndOp {
+  template <typename T>
+  static BATON_REDUCE_INLINE T Apply(T a, T b) {
+    return static_cast<T>(a & b);
+  }
+};
+struct OrOp {
+  template <typename T>
+  static BATON_REDUCE_INLINE T Apply(T a, T b) {
+    return static_cast<T>(a | b);
+  }
+};
+struct XorOp {
+  template <typename T>
+  static BATON_REDUCE_INLINE T Apply(T a, T b) {
+    return static_cast<T>(a ^ b);
+  }
+};
+
+// ReduceInto for codec C and operation Op: every element of every source is
+// read before dst's element is written, so dst may alias any source.
+template <typename C, typename Op>
+BATON_REDUCE_KERNEL void CombineMany(void* dst, const void* const* srcs,
+                                     size_t num_srcs, size_t count) {
+  using Storage = typename C::Storage;
+  auto* d = static_cast<Storage*>(dst);
+  for (size_t i = 0; i < count; ++i) {
+    typename C::Compute acc = C::Widen(static_cast<const Storage*>(srcs[0])[i]);
+    for (size_t k = 1; k < num_srcs; ++k) {
+      acc = Op::Apply(acc, C::Widen(static_cast<const Storage*>(srcs[k])[i]));
+    }
+    d[i] = C::Narrow(acc);
+  }
+}
+
+template <typename C, typename Op>
+void CombinePair(void* dst, const void* a, const void* b, size_t count) {
+  const void* srcs[2] = {a, b};
+  CombineMany<C, Op>(dst, srcs, 2, count);
+}
+
+using CombineFn = void (*)(void* dst, const void* const* srcs,
+                           size_t num_srcs, size_t count);
+
+// The kernels of one operation, by dtype; nullptr where it does not apply.
+struct OpKernels {
+  CombineFn many;
+  PairwiseSum pair;
+};
+
+template <typename Op>
+OpKernels OrderedKernels(v1::DataType dtype) {
+  switch (dtype) {
+    case v1::DATA_TYPE_FLOAT32:
+      return {&CombineMany<Native<float>, Op>, &CombinePair<Native<float>, Op>};
+    case v1::DATA_TYPE_FLOAT64:
+      return {&CombineMany<Native<double>, Op>,
+              &CombinePair<Native<double>, Op>};
+    case v1::DATA_TYPE_FLOAT16:
+      return {&CombineMany<Float16, Op>, &CombinePair<Float16, Op>};
+    case v1::DATA_TYPE_BFLOAT16:
+      return {&CombineMany<BFloat16, Op>, &CombinePair<BFloat16, Op>};
+    case v1::DATA_TYPE_INT32:
+      return {&CombineMany<Native<int32_t>, Op>,
+              &CombinePair<Native<int32_t>, Op>};
+    case v1::DATA_TYPE_INT64:
+      return {&CombineMany<Native<int64_t>, Op>,
+              &CombinePair<Native<int64_t>, Op>};
+    case v1::DATA_TYPE_UINT8:
+      return {&CombineMany<Native<uint8_t>, Op>,
+              &CombinePair<Native<uint8_t>, Op>};
+    case v1::DATA_TYPE_INT8:
+      return {&CombineMany<Native<int8_t>, Op>,
+              &CombinePair<Native<int8_t>, Op>};
+    default:
+      return {nullptr, nullptr};
+  }
+}
+
+// PRODUCT and the bitwise ops: integers as their unsigned type.
+template <typename Op, bool kFloatingToo>
+OpKernels WrappingKernels(v1::DataType dtype) {
+  switch (dtype) {
+    case v1::DATA_TYPE_INT32:
+      return {&CombineMany<Native<uint32_t>, Op>,
+              &CombinePair<Native<uint32_t>, Op>};
+    case v1::DATA_TYPE_INT64:
+      return {&CombineMany<Native<uint64_t>, Op>,
+              &CombinePair<Native<uint64_t>, Op>};
+    case v1::DATA_TYPE_UINT8:
+    case v1::DATA_TYPE_INT8:
+      return {&CombineMany<Native<uint8_t>, Op>,
+              &CombinePair<Native<uint8_t>, Op>};
+    default:
+      if constexpr (kFloatingToo) {
+        return OrderedKernels<Op>(dtype);
+      } else {
+        return {nullptr, nullptr};
+      }
+  }
+}
+
+OpKernels KernelsFor(v1::ReduceOp op, v1::DataType dtype) {
+  switch (op) {
+    case v1::REDUCE_OP_MIN:
+      return OrderedKernels<MinOp>(dtype);
+    case v1::REDUCE_OP_MAX:
+      return OrderedKernels<MaxOp>(dtype);
+    case v1::REDUCE_OP_PRODUCT:
+      return WrappingKernels<ProductOp, /*kFloatingToo=*/true>(dtype);
+    case v1::REDUCE_OP_BAND:
+      return WrappingKernels<AndOp, /*kFloatingToo=*/false>(dtype);
+    case v1::REDUCE_OP_BOR:
+      return WrappingKernels<OrOp, /*kFloatingToo=*/false>(dtype);
+    case v1::REDUCE_OP_BXOR:
+      return WrappingKernels<XorOp, /*kFloatingToo=*/false>(dtype);
+    default:
+      return {nullptr, nullptr};
+  }
+}
+
 }  // namespace
+
+void ReduceInto(v1::ReduceOp op, v1::DataType dtype, void* dst,
+                const void* const* srcs, size_t num_srcs, size_t count) {
+  if (op == v1::REDUCE_OP_SUM) return SumInto(dtype, dst, srcs, num_srcs, count);
+  const OpKernels kernels = KernelsFor(op, dtype);
+  CHECK(kernels.many != nullptr)
+      << "ReduceInto: " << ReduceOpName(op) << " does not apply to dtype "
+      << dtype;
+  CHECK_GE(num_srcs, 1u) << "ReduceInto: no sources";
+  if (count == 0) return;
+  if (num_srcs == 1) {
+    if (dst != srcs[0]) std::memcpy(dst, srcs[0], count * ElementSize(dtype));
+    return;
+  }
+  kernels.many(dst, srcs, num_srcs, count);
+}
+
+PairwiseSum PairwiseFor(v1::ReduceOp op, v1::DataType dtype) {
+  if (op == v1::REDUCE_OP_SUM) return PairwiseSumFor(dtype);
+  return KernelsFor(op, dtype).pair;
+}
 
 void SumInto(v1::DataType dtype, void* dst, const void* const* srcs,
              size_t num_srcs, size_t count) {

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "agent/reduce_op.h"
 #include "baton/v1/common.pb.h"
 #include "common/dtype.h"
 
@@ -38,6 +39,17 @@ void SumInto(v1::DataType dtype, void* dst, const void* const* srcs,
 using PairwiseSum = void (*)(void* dst, const void* a, const void* b,
                              size_t count);
 PairwiseSum PairwiseSumFor(v1::DataType dtype);
+
+// dst[i] = op(srcs[0][i], ..., srcs[num_srcs - 1][i]), as SumInto (which it
+// is for REDUCE_OP_SUM): `dst` may be one of `srcs`, FLOAT16/BFLOAT16 are
+// computed in float32 and rounded once per element, integer PRODUCT wraps.
+// MIN and MAX of a NaN are NaN. CHECK-fails unless ReduceOpApplies.
+void ReduceInto(v1::ReduceOp op, v1::DataType dtype, void* dst,
+                const void* const* srcs, size_t num_srcs, size_t count);
+
+// PairwiseSum's counterpart for `op` (PairwiseSumFor for REDUCE_OP_SUM);
+// nullptr unless ReduceOpApplies.
+PairwiseSum PairwiseFor(v1::ReduceOp op, v1::DataType dtype);
 
 // data[i] /= divisor (divisor >= 1). Floating types divide in their own
 // precision (FLOAT16/BFLOAT16 in float32, rounded once); integers truncate

@@ -15,6 +15,9 @@ struct TensorEnqueue {
   int32_t index = 0;
   int64_t step = 0;
   bool average = false;
+  // PUSH_PULL: how the ranks' values combine (not checked yet: a ring entry
+  // may carry any value).
+  int32_t reduce_op = 0;
   // The broadcast's root (a global rank); 0 for PUSH_PULL.
   int32_t root_rank = 0;
   // Came through the trainer's channel: complete it there too.
@@ -25,13 +28,16 @@ struct TensorEnqueue {
 
   static TensorEnqueue FromRequest(const v1::EnqueueRequest& request) {
     return TensorEnqueue{request.index(),       request.step(),
-                         request.average(),     request.root_rank(),
-                         /*via_channel=*/false, request.generation()};
+                         request.average(),     request.reduce_op(),
+                         request.root_rank(),   /*via_channel=*/false,
+                         request.generation()};
   }
   static TensorEnqueue FromChannel(const ChannelEntry& entry) {
     return TensorEnqueue{entry.index,
                          entry.step,
                          (entry.flags & kChannelAverage) != 0,
+                         (entry.flags & kChannelReduceOpMask) >>
+                             kChannelReduceOpShift,
                          static_cast<int32_t>(entry.value),
                          /*via_channel=*/true,
                          entry.generation};

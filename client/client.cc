@@ -545,8 +545,16 @@ class Client::Impl {
 
   absl::StatusOr<std::shared_ptr<Handle>> Enqueue(const Tensor& tensor,
                                                   int64_t step, bool average,
-                                                  int32_t root)
+                                                  v1::ReduceOp op, int32_t root)
       ABSL_LOCKS_EXCLUDED(mu_, write_mu_) {
+    if (!v1::ReduceOp_IsValid(op) || (average && op != v1::REDUCE_OP_SUM)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push_pull of tensor \"", tensor.spec().name(), "\": reduce op ",
+          static_cast<int>(op),
+          average ? " with average" : "",
+          " is not one of sum, min, max, product, band, bor, bxor (average "
+          "only with sum)"));
+    }
     auto handle = std::make_shared<Handle>(tensor.index(), step, completions_);
     {
       absl::MutexLock lock(&mu_);
@@ -559,8 +567,10 @@ class Client::Impl {
       }
     }
     if (trainer_channel_ != nullptr) {
-      ChannelEntry entry{tensor.index(), average ? kChannelAverage : 0, step,
-                         root, fence_.load(std::memory_order_relaxed)};
+      ChannelEntry entry{tensor.index(),
+                         (average ? kChannelAverage : 0) |
+                             static_cast<int32_t>(op) << kChannelReduceOpShift,
+                         step, root, fence_.load(std::memory_order_relaxed)};
       {
         // One producer at a time; a full ring (1024 operations outstanding)
         // drains as the agent catches up.
@@ -584,6 +594,7 @@ class Client::Impl {
     enqueue->set_index(tensor.index());
     enqueue->set_step(step);
     enqueue->set_average(average);
+    enqueue->set_reduce_op(op);
     enqueue->set_root_rank(root);
     enqueue->set_generation(fence_.load(std::memory_order_relaxed));
     if (!Write(request)) {
@@ -716,13 +727,13 @@ absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
 }
 
 absl::StatusOr<std::shared_ptr<Handle>> Client::PushPullAsync(
-    const Tensor& tensor, int64_t step, bool average) {
-  return impl_->Enqueue(tensor, step, average, 0);
+    const Tensor& tensor, int64_t step, bool average, v1::ReduceOp op) {
+  return impl_->Enqueue(tensor, step, average, op, 0);
 }
 
 absl::StatusOr<std::shared_ptr<Handle>> Client::BroadcastAsync(
     const Tensor& tensor, int64_t step, int32_t root_rank) {
-  return impl_->Enqueue(tensor, step, false, root_rank);
+  return impl_->Enqueue(tensor, step, false, v1::REDUCE_OP_SUM, root_rank);
 }
 
 bool Client::JoinPending() const {

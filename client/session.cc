@@ -88,6 +88,7 @@ struct OperationRequest {
   // CUDA memory: where the tensor lives (its index is not used).
   v1::CudaBuffer cuda;
   bool average = false;
+  v1::ReduceOp reduce_op = v1::REDUCE_OP_SUM;
   int32_t root_rank = 0;
 };
 
@@ -320,7 +321,8 @@ class Session::Impl {
     int64_t& step = next_step_[name];
     absl::StatusOr<std::shared_ptr<Handle>> handle =
         op == v1::COLLECTIVE_OP_PUSH_PULL
-            ? client_->PushPullAsync(*tensor, step, request.average)
+            ? client_->PushPullAsync(*tensor, step, request.average,
+                                     request.reduce_op)
             : client_->BroadcastAsync(*tensor, step, root_rank);
     if (!handle.ok()) return handle.status();
     ++step;
@@ -616,20 +618,23 @@ absl::Status Session::DeclareTensor(const std::string& name,
 
 absl::StatusOr<OperationHandle> Session::PushPullAsync(const std::string& name,
                                                        const Buffer& buffer,
-                                                       bool average) {
-  return PushPullAsync(name, buffer, buffer.data, average);
+                                                       bool average,
+                                                       v1::ReduceOp op) {
+  return PushPullAsync(name, buffer, buffer.data, average, op);
 }
 
 absl::StatusOr<OperationHandle> Session::PushPullAsync(const std::string& name,
                                                        const Buffer& buffer,
                                                        void* output,
-                                                       bool average) {
+                                                       bool average,
+                                                       v1::ReduceOp op) {
   OperationRequest request;
   request.spec = MakeSpec(name, buffer.dtype, buffer.shape,
                           v1::COLLECTIVE_OP_PUSH_PULL, v1::MEMORY_KIND_HOST);
   request.input = buffer.data;
   request.output = output;
   request.average = average;
+  request.reduce_op = op;
   return impl_->Start(request);
 }
 
@@ -646,12 +651,14 @@ absl::StatusOr<OperationHandle> Session::BroadcastAsync(const std::string& name,
 }
 
 absl::StatusOr<OperationHandle> Session::PushPullAsync(
-    const std::string& name, const DeviceBuffer& buffer, bool average) {
+    const std::string& name, const DeviceBuffer& buffer, bool average,
+    v1::ReduceOp op) {
   OperationRequest request;
   request.spec = MakeSpec(name, buffer.dtype, buffer.shape,
                           v1::COLLECTIVE_OP_PUSH_PULL, v1::MEMORY_KIND_CUDA);
   request.cuda = MakeCudaBuffer(buffer);
   request.average = average;
+  request.reduce_op = op;
   return impl_->Start(request);
 }
 
@@ -679,8 +686,9 @@ absl::Status Session::Synchronize(const OperationHandle& handle,
 }
 
 absl::Status Session::PushPull(const std::string& name, const Buffer& buffer,
-                               bool average) {
-  absl::StatusOr<OperationHandle> handle = PushPullAsync(name, buffer, average);
+                               bool average, v1::ReduceOp op) {
+  absl::StatusOr<OperationHandle> handle =
+      PushPullAsync(name, buffer, average, op);
   if (!handle.ok()) return handle.status();
   return Synchronize(*handle);
 }
@@ -694,8 +702,10 @@ absl::Status Session::Broadcast(const std::string& name, const Buffer& buffer,
 }
 
 absl::Status Session::PushPull(const std::string& name,
-                               const DeviceBuffer& buffer, bool average) {
-  absl::StatusOr<OperationHandle> handle = PushPullAsync(name, buffer, average);
+                               const DeviceBuffer& buffer, bool average,
+                               v1::ReduceOp op) {
+  absl::StatusOr<OperationHandle> handle =
+      PushPullAsync(name, buffer, average, op);
   if (!handle.ok()) return handle.status();
   return Synchronize(*handle);
 }

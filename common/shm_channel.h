@@ -32,7 +32,11 @@ struct ChannelEntry {
 };
 static_assert(sizeof(ChannelEntry) == 32);
 
+// Request flags: bit 0 the average flag, bits 4..7 the push-pull's reduce op
+// (v1::ReduceOp; 0 is a sum).
 inline constexpr int32_t kChannelAverage = 1;
+inline constexpr int32_t kChannelReduceOpShift = 4;
+inline constexpr int32_t kChannelReduceOpMask = 0xf << kChannelReduceOpShift;
 
 // Wakes a waiter blocked in Wait. Process-shared.
 struct Doorbell {

@@ -268,12 +268,13 @@ absl::Status Executor::Execute(Worker& worker, const PartitionTask& task,
     } else if (!(n == 1 && op.inputs[0] == op.output)) {
       absl::InlinedVector<const void*, 8> srcs(n);
       for (size_t i = 0; i < n; ++i) srcs[i] = op.inputs[i] + task.offset;
-      SumInto(op.dtype, out, srcs.data(), n, count);
+      ReduceInto(op.reduce_op, op.dtype, out, srcs.data(), n, count);
     }
     *reduced_us = NowUs();
     if (cross) {
+      opts.op = op.reduce_op;
       if (average) opts.divisor = options_.world_size;
-      status = worker.comm->AllreduceSum(out, count, op.dtype, opts);
+      status = worker.comm->Allreduce(out, count, op.dtype, opts);
     } else if (average) {
       DivideInPlace(op.dtype, out, count, options_.world_size);
     }
@@ -300,18 +301,19 @@ absl::Status Executor::ExecuteFused(Worker& worker, const Launch& launch,
     const size_t n = op.inputs.size();
     absl::InlinedVector<const void*, 8> srcs(n);
     for (size_t i = 0; i < n; ++i) srcs[i] = op.inputs[i] + task.offset;
-    SumInto(op.dtype, packed + at, srcs.data(), n,
-            static_cast<size_t>(task.length) / element);
+    ReduceInto(op.reduce_op, op.dtype, packed + at, srcs.data(), n,
+               static_cast<size_t>(task.length) / element);
     at += static_cast<size_t>(task.length);
   }
   *reduced_us = NowUs();
   CollectiveOptions opts;
   opts.timeout = options_.op_timeout;
+  opts.op = first.reduce_op;
   if (first.average && options_.world_size > 1) {
     opts.divisor = options_.world_size;
   }
   const absl::Status status =
-      worker.comm->AllreduceSum(packed, total / element, first.dtype, opts);
+      worker.comm->Allreduce(packed, total / element, first.dtype, opts);
   if (!status.ok()) return Failed(status, DescribeFused(launch));
   at = 0;
   for (const PartitionTask& task : launch) {
@@ -373,7 +375,9 @@ absl::Status Executor::ExecuteOnDevice(Worker& worker,
     } else {
       status = device.DeviceAllreduce(
           buffers, count, op.dtype,
-          op.average ? DeviceReduceOp::kAverage : DeviceReduceOp::kSum, opts);
+          op.average ? DeviceReduceOp::kAverage
+                     : DeviceReduceOpOf(op.reduce_op),
+          opts);
     }
     return status.ok() ? status : fail(status);
   }
@@ -414,15 +418,17 @@ absl::Status Executor::ExecuteOnDevice(Worker& worker,
   if (local > 1) {
     status = device.DeviceReduce(
         buffers, count, op.dtype,
-        average && !cross ? DeviceReduceOp::kAverage : DeviceReduceOp::kSum,
+        average && !cross ? DeviceReduceOp::kAverage
+                          : DeviceReduceOpOf(op.reduce_op),
         /*root=*/0, opts);
   }
   *reduced_us = NowUs();
   if (status.ok() && cross) {
     status = device_memory_->CopyToHost(stage, buffers[0], bytes, 0);
     if (status.ok()) {
+      opts.op = op.reduce_op;
       if (average) opts.divisor = options_.world_size;
-      status = worker.comm->AllreduceSum(stage, count, op.dtype, opts);
+      status = worker.comm->Allreduce(stage, count, op.dtype, opts);
     }
     if (status.ok()) status = AbortedBeforeWriteBack();
     if (status.ok()) {

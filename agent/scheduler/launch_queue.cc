@@ -52,7 +52,9 @@ std::vector<Launch> FuseSmallTensors(std::vector<PartitionTask> admitted,
     const bool fits = growing && fusable(task) &&
                       bytes + task.length <= max_launch_bytes &&
                       task.op->dtype == launches.back().front().op->dtype &&
-                      task.op->average == launches.back().front().op->average;
+                      task.op->average == launches.back().front().op->average &&
+                      task.op->reduce_op ==
+                          launches.back().front().op->reduce_op;
     if (fits) {
       bytes += task.length;
       launches.back().push_back(std::move(task));

@@ -3,15 +3,16 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "agent/reduce.h"
 
 namespace baton::agent {
 namespace {
 
 constexpr int kAttrBits = 27;
 constexpr int64_t kAttrMask = (int64_t{1} << kAttrBits) - 1;
-// Attribute values: 0 plain sum, 1 average, root + 2 for broadcasts.
+// Attribute values: a push-pull's reduce op << 1 | its average flag (0 a
+// plain sum, 1 an average); a broadcast's root.
 constexpr int64_t kAttrAverage = 1;
-constexpr int64_t kAttrRootBase = 2;
 
 // Header layout.
 enum Header : size_t {
@@ -36,23 +37,22 @@ size_t Negotiation::VectorSize(int32_t body_tensors) {
 }
 
 int64_t Negotiation::KeyOf(const Operation& op) {
-  int64_t attr = 0;
-  if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
-    attr = kAttrRootBase + op.root_rank;
-  } else if (op.average) {
-    attr = kAttrAverage;
-  }
+  const int64_t attr =
+      op.kind == v1::COLLECTIVE_OP_BROADCAST
+          ? op.root_rank
+          : int64_t{op.reduce_op} << 1 | (op.average ? kAttrAverage : 0);
   return ((op.step + 1) << kAttrBits) | attr;
 }
 
-std::string Negotiation::DescribeKey(int64_t key) {
+std::string Negotiation::DescribeKey(v1::CollectiveOp kind, int64_t key) {
   const int64_t step = (key >> kAttrBits) - 1;
   const int64_t attr = key & kAttrMask;
-  if (attr >= kAttrRootBase) {
-    return absl::StrCat("step ", step, ", root rank ", attr - kAttrRootBase);
+  if (kind == v1::COLLECTIVE_OP_BROADCAST) {
+    return absl::StrCat("step ", step, ", root rank ", attr);
   }
-  return absl::StrCat("step ", step,
-                      attr == kAttrAverage ? ", average" : ", sum");
+  if (attr == kAttrAverage) return absl::StrCat("step ", step, ", average");
+  return absl::StrCat("step ", step, ", ",
+                      ReduceOpName(static_cast<v1::ReduceOp>(attr >> 1)));
 }
 
 void Negotiation::Encode(const LocalState& state, int32_t body_tensors,

@@ -18,11 +18,12 @@ namespace baton::agent {
 // travel as negated minima, so one collective gives both.
 //
 // Per tensor the vector holds the key of the operation ready for it (0 when
-// none): (step + 1) << 27 | attributes (average flag, broadcast root). The
+// none): (step + 1) << 27 | attributes (a push-pull's reduce op and average
+// flag, a broadcast's root). The
 // tensor is agreed when the minimum and the maximum key are equal and
 // nonzero: every node has the same step ready with the same attributes. Equal
 // nonzero minimum but a different maximum is a mismatch (nodes disagree on
-// the step, average or root) and fails that operation on every node.
+// the step, the op, average or root) and fails that operation on every node.
 //
 // Pure functions of their inputs: every node that decodes the same vector
 // reaches the same decisions.
@@ -86,8 +87,9 @@ class Negotiation {
 
   // The key an operation contributes; > 0.
   static int64_t KeyOf(const Operation& op);
-  // "step 7, average" / "step 7, root rank 3" for error messages.
-  static std::string DescribeKey(int64_t key);
+  // "step 7, sum" / "step 7, average" / "step 7, max" / "step 7, root rank
+  // 3" for error messages, about an operation of `kind`.
+  static std::string DescribeKey(v1::CollectiveOp kind, int64_t key);
 
   // Largest step and root rank a key can carry.
   static constexpr int64_t kMaxStep = (int64_t{1} << 35) - 2;

@@ -61,6 +61,8 @@ struct Operation {
   v1::DataType dtype = v1::DATA_TYPE_FLOAT32;
   // PUSH_PULL: divide the sum by the world size.
   bool average = false;
+  // PUSH_PULL: how the ranks' values combine (average only with a sum).
+  v1::ReduceOp reduce_op = v1::REDUCE_OP_SUM;
   // BROADCAST: the global root rank, the node that holds it, and the root's
   // index among this node's inputs (-1 when the root is on another node).
   int32_t root_rank = -1;

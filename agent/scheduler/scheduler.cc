@@ -332,10 +332,10 @@ bool Scheduler::Round(std::vector<int64_t>& vec, int32_t& body) {
         ops_[op->id].status = absl::FailedPreconditionError(absl::StrCat(
             CollectiveName(op->kind), " of tensor \"", op->tensor_name,
             "\": the nodes enqueued different operations (",
-            Negotiation::DescribeKey(m.min_key), " on some, ",
-            Negotiation::DescribeKey(m.max_key),
+            Negotiation::DescribeKey(op->kind, m.min_key), " on some, ",
+            Negotiation::DescribeKey(op->kind, m.max_key),
             " on others); every rank must enqueue the same step with the "
-            "same average flag and root rank"));
+            "same average flag, reduce op and root rank"));
         MaybeFinishLocked(op->id, done);
       }
       std::vector<std::shared_ptr<const Operation>> agreed;

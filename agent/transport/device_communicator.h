@@ -19,7 +19,17 @@ enum class DeviceReduceOp {
   // The sum divided by the number of ranks (integer types truncate toward
   // zero, as torch's integer division for averages does).
   kAverage,
+  kMin,
+  kMax,
+  kProduct,
 };
+
+// The device reduction of a push-pull's op (not average); kSum for the
+// bitwise ops, which no device transport has (the agent refuses them on
+// CUDA tensors before they reach one).
+DeviceReduceOp DeviceReduceOpOf(v1::ReduceOp op);
+// "sum", "average", "min", "max", "product".
+const char* DeviceReduceOpName(DeviceReduceOp op);
 
 // A Communicator over GPUs: one rank per GPU, several per node. Node `n`'s
 // local device i is rank n x local_devices() + i, and every node drives the

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "agent/reduce.h"
+#include "agent/transport/device_communicator.h"
 
 namespace baton::agent {
 
@@ -73,10 +74,19 @@ absl::Status CheckAllreduceArguments(const void* data, size_t count,
     return absl::InvalidArgumentError(absl::StrCat(
         "allreduce on ", on, ": unsupported data type ", DataTypeName(dtype)));
   }
-  if (options.divisor < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("allreduce on ", on, ": CollectiveOptions.divisor is ",
-                     options.divisor, "; give 1 or more"));
+  if (!v1::ReduceOp_IsValid(options.op) ||
+      !ReduceOpApplies(options.op, dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allreduce on ", on, ": reduce op ", ReduceOpName(options.op),
+        " (", static_cast<int>(options.op), ") does not apply to ",
+        DataTypeName(dtype), " (the bitwise ops take integers only)"));
+  }
+  if (options.divisor < 1 ||
+      (options.divisor > 1 && options.op != v1::REDUCE_OP_SUM)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allreduce on ", on, ": CollectiveOptions.divisor is ",
+        options.divisor, " with reduce op ", ReduceOpName(options.op),
+        "; give 1 or more, and more than 1 only for a sum (an average)"));
   }
   if (count == 0) return absl::OkStatus();
   if (data == nullptr) {
@@ -109,6 +119,40 @@ std::string DataTypeName(v1::DataType dtype) {
   const std::string& name = v1::DataType_Name(dtype);
   if (name.empty()) return absl::StrCat("data type ", static_cast<int>(dtype));
   return absl::AsciiStrToLower(absl::StripPrefix(name, "DATA_TYPE_"));
+}
+
+std::string AllreduceName(v1::ReduceOp op) {
+  if (op == v1::REDUCE_OP_SUM) return "allreduce";
+  return absl::StrCat("allreduce (", ReduceOpName(op), ")");
+}
+
+DeviceReduceOp DeviceReduceOpOf(v1::ReduceOp op) {
+  switch (op) {
+    case v1::REDUCE_OP_MIN:
+      return DeviceReduceOp::kMin;
+    case v1::REDUCE_OP_MAX:
+      return DeviceReduceOp::kMax;
+    case v1::REDUCE_OP_PRODUCT:
+      return DeviceReduceOp::kProduct;
+    default:
+      return DeviceReduceOp::kSum;
+  }
+}
+
+const char* DeviceReduceOpName(DeviceReduceOp op) {
+  switch (op) {
+    case DeviceReduceOp::kSum:
+      return "sum";
+    case DeviceReduceOp::kAverage:
+      return "average";
+    case DeviceReduceOp::kMin:
+      return "min";
+    case DeviceReduceOp::kMax:
+      return "max";
+    case DeviceReduceOp::kProduct:
+      return "product";
+  }
+  return "unknown";
 }
 
 }  // namespace baton::agent

@@ -36,9 +36,11 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // In place: data[i] = sum over every member of data[i]. FLOAT16 and
-  // BFLOAT16 are added in float32 and rounded once per addition.
-  virtual absl::Status AllreduceSum(void* data, size_t count,
+  // In place: data[i] = options.op over every member of data[i] (a sum
+  // unless the options say otherwise). FLOAT16 and BFLOAT16 are combined in
+  // float32 and rounded once per step. An op that does not apply to the
+  // dtype (reduce.h, ReduceOpApplies) fails with INVALID_ARGUMENT.
+  virtual absl::Status Allreduce(void* data, size_t count,
                                     v1::DataType dtype,
                                     const CollectiveOptions& options) = 0;
 
@@ -127,7 +129,11 @@ absl::StatusOr<std::string> NodeRankZeroValue(const ConnectRequest& request,
                                               const std::string& name,
                                               const std::string& mine);
 
-// The argument checks of every host AllreduceSum: INVALID_ARGUMENT naming
+// "allreduce" for a sum, "allreduce (max)" etc. otherwise: how errors name
+// an allreduce.
+std::string AllreduceName(v1::ReduceOp op);
+
+// The argument checks of every host Allreduce: INVALID_ARGUMENT naming
 // `on` (the communicator) for a data type without a reduction, null data
 // with elements to reduce, a size in bytes that overflows, or a divisor
 // below 1.

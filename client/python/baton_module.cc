@@ -283,6 +283,13 @@ PYBIND11_MODULE(_baton, m) {
   m.attr("INT8") = static_cast<int>(v1::DATA_TYPE_INT8);
   m.attr("PUSH_PULL") = static_cast<int>(v1::COLLECTIVE_OP_PUSH_PULL);
   m.attr("BROADCAST") = static_cast<int>(v1::COLLECTIVE_OP_BROADCAST);
+  m.attr("REDUCE_SUM") = static_cast<int>(v1::REDUCE_OP_SUM);
+  m.attr("REDUCE_MIN") = static_cast<int>(v1::REDUCE_OP_MIN);
+  m.attr("REDUCE_MAX") = static_cast<int>(v1::REDUCE_OP_MAX);
+  m.attr("REDUCE_PRODUCT") = static_cast<int>(v1::REDUCE_OP_PRODUCT);
+  m.attr("REDUCE_BAND") = static_cast<int>(v1::REDUCE_OP_BAND);
+  m.attr("REDUCE_BOR") = static_cast<int>(v1::REDUCE_OP_BOR);
+  m.attr("REDUCE_BXOR") = static_cast<int>(v1::REDUCE_OP_BXOR);
   m.attr("MEMORY_HOST") = static_cast<int>(v1::MEMORY_KIND_HOST);
   m.attr("MEMORY_CUDA") = static_cast<int>(v1::MEMORY_KIND_CUDA);
 
@@ -369,18 +376,21 @@ PYBIND11_MODULE(_baton, m) {
       .def(
           "push_pull_async",
           [](Session& s, const std::string& name, uintptr_t data, int dtype,
-             std::vector<int64_t> shape, bool average, uintptr_t output) {
+             std::vector<int64_t> shape, bool average, uintptr_t output,
+             int op) {
             baton::Buffer buffer = MakeBuffer(data, dtype, std::move(shape));
             py::gil_scoped_release release;
             return PyOperation{
-                Check(s.PushPullAsync(
-                    name, buffer, reinterpret_cast<void*>(output), average)),
+                Check(s.PushPullAsync(name, buffer,
+                                      reinterpret_cast<void*>(output), average,
+                                      static_cast<v1::ReduceOp>(op))),
                 name};
           },
           py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
           py::arg("average"), py::arg("output"),
-          "Copies `data` in and starts the push-pull; synchronize() writes "
-          "the result to `output`.")
+          py::arg("op") = static_cast<int>(v1::REDUCE_OP_SUM),
+          "Copies `data` in and starts the push-pull (op: REDUCE_SUM, "
+          "REDUCE_MIN, ...); synchronize() writes the result to `output`.")
       .def(
           "host_regions",
           [](py::object self, const std::string& name) {
@@ -413,17 +423,20 @@ PYBIND11_MODULE(_baton, m) {
           [](Session& s, const std::string& name, int dtype,
              std::vector<int64_t> shape, bool average,
              const py::bytes& memory_handle, int64_t offset,
-             const py::bytes& event_handle, std::string pci_bus_id) {
+             const py::bytes& event_handle, std::string pci_bus_id, int op) {
             baton::DeviceBuffer buffer =
                 MakeDeviceBuffer(dtype, std::move(shape), memory_handle, offset,
                                  event_handle, std::move(pci_bus_id));
             py::gil_scoped_release release;
-            return PyOperation{Check(s.PushPullAsync(name, buffer, average)),
-                               name};
+            return PyOperation{
+                Check(s.PushPullAsync(name, buffer, average,
+                                      static_cast<v1::ReduceOp>(op))),
+                name};
           },
           py::arg("name"), py::arg("dtype"), py::arg("shape"),
           py::arg("average"), py::arg("memory_handle"), py::arg("offset"),
           py::arg("event_handle"), py::arg("pci_bus_id") = "",
+          py::arg("op") = static_cast<int>(v1::REDUCE_OP_SUM),
           "Starts the push-pull of a CUDA tensor in place in its buffer "
           "(CUDA IPC handles as bytes): write the input and record the "
           "event first; once synchronize() returns, the result is there.")

@@ -163,7 +163,7 @@ void LocalGroupTest::ExpectAllreduce(
   }
 }
 
-TEST_F(LocalGroupTest, AllreduceSumIsExactForEveryType) {
+TEST_F(LocalGroupTest, AllreduceIsExactForEveryType) {
   ExpectAllreduce(kAllTypes, DeviceReduceOp::kSum, Value,
                   [&](size_t i, v1::DataType dtype) {
                     int64_t sum = 0;

@@ -169,7 +169,7 @@ class FakeSession:
         return staging
 
     def push_pull_device_async(
-        self, name, dtype, shape, average, memory_handle, offset, event_handle, pci_bus_id=""
+        self, name, dtype, shape, average, memory_handle, offset, event_handle, pci_bus_id="", op=0
     ):
         spec = (dtype, tuple(shape), _baton.PUSH_PULL, _baton.MEMORY_CUDA)
         staging = self._enqueue(name, spec, memory_handle, offset, event_handle, pci_bus_id)
@@ -182,7 +182,7 @@ class FakeSession:
         staging = self._enqueue(name, spec, memory_handle, offset, event_handle, pci_bus_id)
         return FakeOperation(name, staging, "broadcast", root_rank=root_rank)
 
-    def push_pull_async(self, name, data, dtype, shape, average, output):
+    def push_pull_async(self, name, data, dtype, shape, average, output, op=0):
         self.log.append(("host push_pull", name))
         return FakeOperation(name, None, "host")
 

@@ -256,7 +256,7 @@ absl::Status GlooCommunicator::Run(const std::string& what, Op&& op) {
   return status;
 }
 
-absl::Status GlooCommunicator::AllreduceSum(void* data, size_t count,
+absl::Status GlooCommunicator::Allreduce(void* data, size_t count,
                                             v1::DataType dtype,
                                             const CollectiveOptions& options) {
   if (absl::Status valid =
@@ -266,20 +266,23 @@ absl::Status GlooCommunicator::AllreduceSum(void* data, size_t count,
   }
   if (count == 0) return absl::OkStatus();
   const size_t element_size = ElementSize(dtype);
-  const PairwiseSum sum = PairwiseSumFor(dtype);
+  const PairwiseSum reduce = PairwiseFor(options.op, dtype);
   if (options.input != nullptr && options.input != data) {
     std::memcpy(data, options.input, count * element_size);
   }
-  const std::string what = absl::StrCat("allreduce of ", count * element_size,
-                                        " bytes (", DataTypeName(dtype), ")");
+  const std::string what =
+      absl::StrCat(AllreduceName(options.op), " of ", count * element_size,
+                   " bytes (", DataTypeName(dtype), ")");
   return Run(what, [&] {
     gloo::AllreduceOptions opts(context_);
     WithElementType(element_size, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
       opts.setOutput(static_cast<T*>(data), count);
     });
-    opts.setReduceFunction(sum);
-    opts.setTag(WireTag(options.tag, count * element_size, dtype));
+    opts.setReduceFunction(reduce);
+    // Nodes that disagree on the op never match either (a timeout).
+    opts.setTag(WireTag(options.tag, count * element_size,
+                        static_cast<int>(dtype) | options.op << 8));
     opts.setTimeout(options.timeout);
     opts.setMaxSegmentSize(max_segment_bytes_);
     gloo::allreduce(opts);

@@ -116,7 +116,7 @@ class GlooCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  absl::Status AllreduceSum(void* data, size_t count, v1::DataType dtype,
+  absl::Status Allreduce(void* data, size_t count, v1::DataType dtype,
                             const CollectiveOptions& options) override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;

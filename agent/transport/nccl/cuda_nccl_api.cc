@@ -171,7 +171,19 @@ ncclDataType_t ToNccl(NcclDataType type) {
 }
 
 ncclRedOp_t ToNccl(NcclRedOp op) {
-  return op == NcclRedOp::kAvg ? ncclAvg : ncclSum;
+  switch (op) {
+    case NcclRedOp::kAvg:
+      return ncclAvg;
+    case NcclRedOp::kMin:
+      return ncclMin;
+    case NcclRedOp::kMax:
+      return ncclMax;
+    case NcclRedOp::kProd:
+      return ncclProd;
+    case NcclRedOp::kSum:
+      break;
+  }
+  return ncclSum;
 }
 
 NcclResult FromNccl(ncclResult_t result) {

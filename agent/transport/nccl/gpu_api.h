@@ -47,9 +47,9 @@ enum class NcclDataType {
   kBfloat16,
 };
 
-// The NCCL reductions baton uses: ncclSum, and ncclAvg (the sum divided by
-// the number of ranks; integer types truncate).
-enum class NcclRedOp { kSum, kAvg };
+// The NCCL reductions baton uses: ncclSum, ncclAvg (the sum divided by the
+// number of ranks; integer types truncate), ncclMin, ncclMax, ncclProd.
+enum class NcclRedOp { kSum, kAvg, kMin, kMax, kProd };
 
 // Opaque handles: cudaStream_t, cudaEvent_t, ncclComm_t.
 struct StreamHandle;

@@ -54,13 +54,22 @@ absl::StatusOr<NcclType> ToNcclType(v1::DataType dtype) {
 }
 
 gpu::NcclRedOp ToNcclOp(DeviceReduceOp op) {
-  return op == DeviceReduceOp::kAverage ? gpu::NcclRedOp::kAvg
-                                        : gpu::NcclRedOp::kSum;
+  switch (op) {
+    case DeviceReduceOp::kAverage:
+      return gpu::NcclRedOp::kAvg;
+    case DeviceReduceOp::kMin:
+      return gpu::NcclRedOp::kMin;
+    case DeviceReduceOp::kMax:
+      return gpu::NcclRedOp::kMax;
+    case DeviceReduceOp::kProduct:
+      return gpu::NcclRedOp::kProd;
+    case DeviceReduceOp::kSum:
+      break;
+  }
+  return gpu::NcclRedOp::kSum;
 }
 
-std::string OpName(DeviceReduceOp op) {
-  return op == DeviceReduceOp::kAverage ? "average" : "sum";
-}
+std::string OpName(DeviceReduceOp op) { return DeviceReduceOpName(op); }
 
 // "1 device" / "2 devices".
 std::string Devices(int count) {
@@ -404,7 +413,7 @@ absl::Status NcclCommunicator::DeviceBroadcast(
   });
 }
 
-absl::Status NcclCommunicator::AllreduceSum(void* data, size_t count,
+absl::Status NcclCommunicator::Allreduce(void* data, size_t count,
                                             v1::DataType dtype,
                                             const CollectiveOptions& options) {
   if (local_devices() != 1) {

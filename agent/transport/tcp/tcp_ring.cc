@@ -133,9 +133,14 @@ absl::Status TcpRing::HeaderMismatch(const Header& mine, const Header& theirs,
                   what);
   }
   const auto describe = [](const Header& h) {
+    const std::string detail =
+        h.kind == kBroadcast
+            ? absl::StrCat("root ", h.detail)
+            : absl::StrCat(
+                  "dtype ", h.detail & 0xffffu, ", ",
+                  ReduceOpName(static_cast<v1::ReduceOp>(h.detail >> 16)));
     return absl::StrCat(KindName(h.kind), " #", h.seq, " of ", h.bytes,
-                        " bytes (", h.kind == kBroadcast ? "root " : "dtype ",
-                        h.detail, ")");
+                        " bytes (", detail, ")");
   };
   return Poison(absl::FailedPreconditionError(absl::StrCat(
                     what, ": node rank ", prev, " runs ", describe(theirs),
@@ -159,7 +164,7 @@ void TcpRing::PlanSend(const Step& step) {
   const size_t bytes = step.send_bytes;
   bool sparse = false;
   size_t present = 0;
-  if (skip_zero_blocks_ && bytes > 0) {
+  if (skip_zero_blocks_ && !step.dense && bytes > 0) {
     present = ZeroBlocks::Scan(step.send, bytes, &send_bitmap_);
     sparse = ZeroBlocks::WorthSkipping(bytes, present);
   }
@@ -462,7 +467,7 @@ absl::Status TcpRing::Run(const Step& step, const Deadline& deadline,
   }
 }
 
-absl::Status TcpRing::AllreduceSum(void* data, size_t count, v1::DataType dtype,
+absl::Status TcpRing::Allreduce(void* data, size_t count, v1::DataType dtype,
                                    const CollectiveOptions& options) {
   if (absl::Status valid =
           poison_.CheckAllreduce(data, count, dtype, options, Describe());
@@ -471,7 +476,7 @@ absl::Status TcpRing::AllreduceSum(void* data, size_t count, v1::DataType dtype,
   }
   if (count == 0) return absl::OkStatus();
   const size_t element = ElementSize(dtype);
-  const PairwiseSum sum = PairwiseSumFor(dtype);
+  const PairwiseSum sum = PairwiseFor(options.op, dtype);
   auto* bytes = static_cast<uint8_t*>(data);
   const auto* input = options.input == nullptr
                           ? bytes
@@ -484,11 +489,14 @@ absl::Status TcpRing::AllreduceSum(void* data, size_t count, v1::DataType dtype,
     return absl::OkStatus();
   }
   const std::string what =
-      absl::StrCat("allreduce of ", count * element, " bytes (",
-                   DataTypeName(dtype), ") on ", Describe());
+      absl::StrCat(AllreduceName(options.op), " of ", count * element,
+                   " bytes (", DataTypeName(dtype), ") on ", Describe());
   if (scratch_.empty()) scratch_.resize(kSegmentBytes);
-  const Header header = {kMagic, kAllreduce, count * element,
-                         static_cast<uint32_t>(dtype), seq_++};
+  // Nodes that disagree on the dtype or the op fail at the first step.
+  const Header header = {
+      kMagic, kAllreduce, count * element,
+      static_cast<uint32_t>(dtype) | static_cast<uint32_t>(options.op) << 16,
+      seq_++};
   const Deadline deadline(*clock_, absl::FromChrono(options.timeout));
   // Chunk c: elements [begin(c), begin(c + 1)).
   const size_t base = count / size_;
@@ -519,6 +527,7 @@ absl::Status TcpRing::AllreduceSum(void* data, size_t count, v1::DataType dtype,
       if (phase == 0) {
         step.sum = sum;
         step.addend = input + offset(in);
+        step.dense = options.op != v1::REDUCE_OP_SUM;
       }
       if (absl::Status status = Run(step, deadline, what, options);
           !status.ok()) {

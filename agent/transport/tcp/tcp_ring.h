@@ -19,7 +19,7 @@
 
 namespace baton::agent {
 
-// Host collectives (AllreduceSum, Broadcast) on TCP connections between ring
+// Host collectives (Allreduce, Broadcast) on TCP connections between ring
 // neighbours, run entirely by the calling thread, which sleeps in poll(2):
 // no event-loop thread, no hand-over per message, no busy polling.
 //
@@ -33,7 +33,7 @@ namespace baton::agent {
 // agents spent 3 ms of CPU per MiB of gradients, against 2 ms that DDP's
 // gloo adds to a trainer (docs/benchmarks.md).
 //
-// AllreduceSum is the ring algorithm: the buffer is cut into one chunk per
+// Allreduce is the ring algorithm: the buffer is cut into one chunk per
 // node (on element boundaries); N-1 reduce-scatter steps then N-1 allgather
 // steps, each sending one chunk to the next node while receiving another
 // from the previous one, so every node sends and receives 2(N-1)/N of the
@@ -83,7 +83,7 @@ class TcpRing : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  absl::Status AllreduceSum(void* data, size_t count, v1::DataType dtype,
+  absl::Status Allreduce(void* data, size_t count, v1::DataType dtype,
                             const CollectiveOptions& options) override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
@@ -138,6 +138,9 @@ class TcpRing : public Communicator {
     bool send_header = false;
     bool recv_header = false;
     bool framed = false;
+    // Never sparse: a block of zeros left out is only the identity of a sum
+    // (the receiver then keeps its addend).
+    bool dense = false;
     bool forward = false;
   };
 

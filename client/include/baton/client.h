@@ -178,12 +178,14 @@ class Client {
       const std::vector<v1::TensorSpec>& specs,
       const std::vector<v1::CudaBuffer>& cuda_buffers = {});
 
-  // Sum (average) over every rank of the tensor's input, into its output.
-  // A CUDA tensor's input is read once its ready event (recorded before this
-  // call) has passed, and its result replaces it in place.
-  absl::StatusOr<std::shared_ptr<Handle>> PushPullAsync(const Tensor& tensor,
-                                                        int64_t step,
-                                                        bool average);
+  // Sum (average) over every rank of the tensor's input, into its output;
+  // with `op`, its min, max, product or bitwise and/or/xor instead (average
+  // only with a sum; the bitwise ops on integer tensors only). A CUDA
+  // tensor's input is read once its ready event (recorded before this call)
+  // has passed, and its result replaces it in place.
+  absl::StatusOr<std::shared_ptr<Handle>> PushPullAsync(
+      const Tensor& tensor, int64_t step, bool average,
+      v1::ReduceOp op = v1::REDUCE_OP_SUM);
   // Every rank's output becomes `root_rank`'s input.
   absl::StatusOr<std::shared_ptr<Handle>> BroadcastAsync(const Tensor& tensor,
                                                          int64_t step,

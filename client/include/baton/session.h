@@ -179,17 +179,20 @@ class Session {
   absl::StatusOr<HostRegions> Regions(const std::string& name) const;
 
   // Sum (average = false) or mean of `buffer` over every rank, written back
-  // into `buffer` by Synchronize. Declares `name` as a push-pull tensor on
-  // first use.
-  absl::StatusOr<OperationHandle> PushPullAsync(const std::string& name,
-                                                const Buffer& buffer,
-                                                bool average);
+  // into `buffer` by Synchronize; with `op` its element-wise min, max,
+  // product or bitwise and/or/xor instead (average only with a sum, the
+  // bitwise ops on integer tensors only; every rank passes the same op, or
+  // the operation fails on every rank naming both). Declares `name` as a
+  // push-pull tensor on first use.
+  absl::StatusOr<OperationHandle> PushPullAsync(
+      const std::string& name, const Buffer& buffer, bool average,
+      v1::ReduceOp op = v1::REDUCE_OP_SUM);
   // The same, with the result going to `output` (as many bytes as `buffer`
   // holds) instead of back into `buffer`. Either way the input is copied
   // before this returns, so `buffer` may be reused at once.
-  absl::StatusOr<OperationHandle> PushPullAsync(const std::string& name,
-                                                const Buffer& buffer,
-                                                void* output, bool average);
+  absl::StatusOr<OperationHandle> PushPullAsync(
+      const std::string& name, const Buffer& buffer, void* output,
+      bool average, v1::ReduceOp op = v1::REDUCE_OP_SUM);
   // `root_rank`'s `buffer`, written into every rank's `buffer` by
   // Synchronize. Declares `name` as a broadcast tensor on first use.
   absl::StatusOr<OperationHandle> BroadcastAsync(const std::string& name,
@@ -200,9 +203,9 @@ class Session {
   // writing the input, then call these. Completion (Poll, Synchronize)
   // means the result is in the buffer; Synchronize copies nothing.
   // Declares `name` with this buffer on first use.
-  absl::StatusOr<OperationHandle> PushPullAsync(const std::string& name,
-                                                const DeviceBuffer& buffer,
-                                                bool average);
+  absl::StatusOr<OperationHandle> PushPullAsync(
+      const std::string& name, const DeviceBuffer& buffer, bool average,
+      v1::ReduceOp op = v1::REDUCE_OP_SUM);
   absl::StatusOr<OperationHandle> BroadcastAsync(const std::string& name,
                                                  const DeviceBuffer& buffer,
                                                  int32_t root_rank);
@@ -221,13 +224,13 @@ class Session {
 
   // PushPullAsync + Synchronize.
   absl::Status PushPull(const std::string& name, const Buffer& buffer,
-                        bool average);
+                        bool average, v1::ReduceOp op = v1::REDUCE_OP_SUM);
   // BroadcastAsync + Synchronize.
   absl::Status Broadcast(const std::string& name, const Buffer& buffer,
                          int32_t root_rank);
   // The same on CUDA tensors.
   absl::Status PushPull(const std::string& name, const DeviceBuffer& buffer,
-                        bool average);
+                        bool average, v1::ReduceOp op = v1::REDUCE_OP_SUM);
   absl::Status Broadcast(const std::string& name, const DeviceBuffer& buffer,
                          int32_t root_rank);
   // Broadcasts each buffer from `root_rank`, all in flight together, in the

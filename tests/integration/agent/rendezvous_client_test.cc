@@ -127,7 +127,7 @@ TEST_F(RendezvousClientTest, ThreeNodesConnectGlooThroughTheCoordinator) {
         for (size_t i = 0; i < kCount; ++i) {
           data[i] = static_cast<float>((i + rank + c) % 100);
         }
-        const absl::Status status = (*communicators)[c]->AllreduceSum(
+        const absl::Status status = (*communicators)[c]->Allreduce(
             data.data(), kCount, v1::DATA_TYPE_FLOAT32, CollectiveOptions{});
         ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
         for (size_t i = 0; i < kCount; ++i) {

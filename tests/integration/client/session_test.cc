@@ -200,6 +200,58 @@ TEST_F(SessionTest, PushPullSumsAndAveragesIntoTheCallersBufferOnSynchronize) {
   });
 }
 
+// Every reduce op through the C++ Session, over the shared-memory channel
+// (ranks 0 and 1, whose op travels in the ring entry's flags) and over the
+// stream (ranks 2 and 3, EnqueueRequest.reduce_op): rank r holds r - 1 + i.
+TEST_F(SessionTest, PushPullTakesEveryReduceOpOverTheRingAndTheStream) {
+  ASSERT_TRUE(cluster_.Start(2).ok());
+  std::vector<std::future<absl::StatusOr<std::unique_ptr<Session>>>> inits;
+  for (int node = 1; node <= 2; ++node) {
+    for (int local_rank = 0; local_rank < 2; ++local_rank) {
+      ClientOptions options =
+          cluster_.TrainerOptions(node, "ops", local_rank, 2, 2);
+      options.shm_channel = node == 1;
+      inits.push_back(std::async(std::launch::async,
+                                 [options] { return Session::Init(options); }));
+    }
+  }
+  for (auto& init : inits) {
+    absl::StatusOr<std::unique_ptr<Session>> session = init.get();
+    ASSERT_TRUE(session.ok()) << session.status();
+    sessions_.push_back(std::move(*session));
+  }
+  OnEveryRank([](size_t, Session& session) {
+    const int32_t r = session.rank();
+    struct Case {
+      v1::ReduceOp op;
+      std::vector<int32_t> want;  // for i = 0, 1, 2
+    };
+    // Ranks hold -1+i, 0+i, 1+i, 2+i.
+    const std::vector<Case> cases = {
+        {v1::REDUCE_OP_MIN, {-1, 0, 1}},
+        {v1::REDUCE_OP_MAX, {2, 3, 4}},
+        {v1::REDUCE_OP_PRODUCT, {0, 0, 24}},
+        {v1::REDUCE_OP_BAND, {-1 & 0 & 1 & 2, 0 & 1 & 2 & 3, 1 & 2 & 3 & 4}},
+        {v1::REDUCE_OP_BOR, {-1 | 0 | 1 | 2, 0 | 1 | 2 | 3, 1 | 2 | 3 | 4}},
+        {v1::REDUCE_OP_BXOR, {-1 ^ 0 ^ 1 ^ 2, 0 ^ 1 ^ 2 ^ 3, 1 ^ 2 ^ 3 ^ 4}},
+    };
+    for (const auto& c : cases) {
+      std::vector<int32_t> data = {r - 1, r, r + 1};
+      ASSERT_TRUE(session.PushPull("ops", BufferOf(data), false, c.op).ok())
+          << v1::ReduceOp_Name(c.op);
+      EXPECT_THAT(data, ElementsAreArray(c.want)) << v1::ReduceOp_Name(c.op);
+    }
+    // Refused before anything is sent: average with an op other than sum.
+    std::vector<float> f = {1.0f};
+    const absl::Status both =
+        session.PushPull("f", BufferOf(f), true, v1::REDUCE_OP_MAX);
+    EXPECT_EQ(both.code(), absl::StatusCode::kInvalidArgument) << both;
+    EXPECT_TRUE(session.PushPull("f", BufferOf(f), false, v1::REDUCE_OP_MAX)
+                    .ok());
+    EXPECT_EQ(f[0], 1.0f);
+  });
+}
+
 // A caller that keeps its data in the tensor's shared memory (Regions):
 // the input region is only read (it keeps the local values), the result
 // region receives the mean, and Synchronize has nothing to copy.

@@ -661,5 +661,105 @@ TEST(ReduceDeathTest, RejectsNonPositiveDivisorAndUnsupportedTypes) {
                "unsupported dtype");
 }
 
+// The reduce ops other than the sum: every source read before dst is
+// written (dst may be a source), signed integers compared as signed,
+// products wrapping, FLOAT16 through float32, NaN winning MIN and MAX.
+TEST(ReduceIntoTest, MinMaxProductOfSignedIntegersAcrossThreeSources) {
+  std::vector<int8_t> a = {-3, 5, 100, 0};
+  const std::vector<int8_t> b = {2, -7, 2, 9};
+  const std::vector<int8_t> c = {1, 1, 2, -9};
+  const void* srcs[] = {a.data(), b.data(), c.data()};
+  std::vector<int8_t> out(4);
+  ReduceInto(v1::REDUCE_OP_MIN, v1::DATA_TYPE_INT8, out.data(), srcs, 3, 4);
+  EXPECT_THAT(out, ElementsAre(-3, -7, 2, -9));
+  ReduceInto(v1::REDUCE_OP_MAX, v1::DATA_TYPE_INT8, out.data(), srcs, 3, 4);
+  EXPECT_THAT(out, ElementsAre(2, 5, 100, 9));
+  // 100 * 2 * 2 = 400 wraps to -112, as torch's int8 product does.
+  ReduceInto(v1::REDUCE_OP_PRODUCT, v1::DATA_TYPE_INT8, a.data(), srcs, 3, 4);
+  EXPECT_THAT(a, ElementsAre(-6, -35, -112, 0));
+}
+
+TEST(ReduceIntoTest, BitwiseOpsOnIntegersOnly) {
+  const std::vector<int64_t> a = {0b1100, -1, 0};
+  const std::vector<int64_t> b = {0b1010, 5, 7};
+  const void* srcs[] = {a.data(), b.data()};
+  std::vector<int64_t> out(3);
+  ReduceInto(v1::REDUCE_OP_BAND, v1::DATA_TYPE_INT64, out.data(), srcs, 2, 3);
+  EXPECT_THAT(out, ElementsAre(0b1000, 5, 0));
+  ReduceInto(v1::REDUCE_OP_BOR, v1::DATA_TYPE_INT64, out.data(), srcs, 2, 3);
+  EXPECT_THAT(out, ElementsAre(0b1110, -1, 7));
+  PairwiseSum bxor = PairwiseFor(v1::REDUCE_OP_BXOR, v1::DATA_TYPE_INT64);
+  ASSERT_NE(bxor, nullptr);
+  bxor(out.data(), a.data(), b.data(), 3);
+  EXPECT_THAT(out, ElementsAre(0b0110, ~int64_t{5}, 7));
+  for (v1::DataType dtype : {v1::DATA_TYPE_FLOAT32, v1::DATA_TYPE_FLOAT64,
+                             v1::DATA_TYPE_FLOAT16, v1::DATA_TYPE_BFLOAT16}) {
+    for (v1::ReduceOp op :
+         {v1::REDUCE_OP_BAND, v1::REDUCE_OP_BOR, v1::REDUCE_OP_BXOR}) {
+      EXPECT_FALSE(ReduceOpApplies(op, dtype)) << ReduceOpName(op) << dtype;
+      EXPECT_EQ(PairwiseFor(op, dtype), nullptr);
+    }
+    for (v1::ReduceOp op : {v1::REDUCE_OP_SUM, v1::REDUCE_OP_MIN,
+                            v1::REDUCE_OP_MAX, v1::REDUCE_OP_PRODUCT}) {
+      EXPECT_TRUE(ReduceOpApplies(op, dtype)) << ReduceOpName(op) << dtype;
+    }
+  }
+  EXPECT_FALSE(ReduceOpApplies(v1::REDUCE_OP_MIN, v1::DATA_TYPE_UNSPECIFIED));
+  EXPECT_FALSE(
+      ReduceOpApplies(static_cast<v1::ReduceOp>(42), v1::DATA_TYPE_INT32));
+}
+
+TEST(ReduceIntoTest, NaNWinsMinAndMaxWhereverItIs) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> a = {nan, 1.0f, -0.5f};
+  const std::vector<float> b = {2.0f, nan, -1.5f};
+  for (v1::ReduceOp op : {v1::REDUCE_OP_MIN, v1::REDUCE_OP_MAX}) {
+    PairwiseSum pair = PairwiseFor(op, v1::DATA_TYPE_FLOAT32);
+    ASSERT_NE(pair, nullptr);
+    std::vector<float> out(3);
+    pair(out.data(), a.data(), b.data(), 3);
+    EXPECT_TRUE(std::isnan(out[0])) << ReduceOpName(op);
+    EXPECT_TRUE(std::isnan(out[1])) << ReduceOpName(op);
+    EXPECT_EQ(out[2], op == v1::REDUCE_OP_MIN ? -1.5f : -0.5f);
+  }
+}
+
+TEST(ReduceIntoTest, HalvesAreCombinedInFloat32AndRoundedOnce) {
+  // 1.5 * 1.5 * 1.5 = 3.375, exact in half; max of halves compares values.
+  std::vector<uint16_t> a = {HalfBits(1.5f), HalfBits(-2.0f)};
+  const std::vector<uint16_t> b = {HalfBits(1.5f), HalfBits(0.25f)};
+  const std::vector<uint16_t> c = {HalfBits(1.5f), HalfBits(-8.0f)};
+  const void* srcs[] = {a.data(), b.data(), c.data()};
+  std::vector<uint16_t> out(2);
+  ReduceInto(v1::REDUCE_OP_PRODUCT, v1::DATA_TYPE_FLOAT16, out.data(), srcs, 3,
+             2);
+  EXPECT_EQ(HalfValue(out[0]), 3.375f);
+  EXPECT_EQ(HalfValue(out[1]), 4.0f);
+  ReduceInto(v1::REDUCE_OP_MAX, v1::DATA_TYPE_FLOAT16, a.data(), srcs, 3, 2);
+  EXPECT_EQ(HalfValue(a[0]), 1.5f);
+  EXPECT_EQ(HalfValue(a[1]), 0.25f);
+}
+
+// ReduceOpApplies (reduce_op.h, no kernels) says exactly where kernels
+// exist.
+TEST(ReduceIntoTest, ReduceOpAppliesWhereKernelsExist) {
+  for (int op = -1; op <= 7; ++op) {
+    for (int dtype = 0; dtype <= 9; ++dtype) {
+      const auto o = static_cast<v1::ReduceOp>(op);
+      const auto d = static_cast<v1::DataType>(dtype);
+      EXPECT_EQ(ReduceOpApplies(o, d), PairwiseFor(o, d) != nullptr)
+          << "op " << op << " dtype " << dtype;
+    }
+  }
+}
+
+TEST(ReduceDeathTest, ABitwiseOpOnFloatsIsRefused) {
+  float data = 1.0f;
+  const void* srcs[] = {&data, &data};
+  EXPECT_DEATH(ReduceInto(v1::REDUCE_OP_BAND, v1::DATA_TYPE_FLOAT32, &data,
+                          srcs, 2, 1),
+               "band does not apply");
+}
+
 }  // namespace
 }  // namespace baton::agent

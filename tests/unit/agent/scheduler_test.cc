@@ -90,8 +90,12 @@ TEST(NegotiationTest, AgreesOnTensorsReadyEverywhereWithTheSameKey) {
   EXPECT_EQ(out.agreed[0].tensor_id, 0u);
   ASSERT_EQ(out.mismatches.size(), 1u);
   EXPECT_EQ(out.mismatches[0].tensor_id, 2u);
-  EXPECT_EQ(Negotiation::DescribeKey(out.mismatches[0].min_key), "step 5, sum");
-  EXPECT_EQ(Negotiation::DescribeKey(out.mismatches[0].max_key), "step 6, sum");
+  EXPECT_EQ(Negotiation::DescribeKey(v1::COLLECTIVE_OP_PUSH_PULL,
+                                     out.mismatches[0].min_key),
+            "step 5, sum");
+  EXPECT_EQ(Negotiation::DescribeKey(v1::COLLECTIVE_OP_PUSH_PULL,
+                                     out.mismatches[0].max_key),
+            "step 6, sum");
 }
 
 // Every node proposes a partition size and a credit (its PartitionTuner's):
@@ -121,9 +125,18 @@ TEST(NegotiationTest, AverageAndRootAreDistinguishedAndDescribed) {
   bcast->kind = v1::COLLECTIVE_OP_BROADCAST;
   bcast->root_rank = 9;
   EXPECT_NE(Negotiation::KeyOf(*sum), Negotiation::KeyOf(*average));
-  EXPECT_EQ(Negotiation::DescribeKey(Negotiation::KeyOf(*average)),
+  auto max = Op(0, 0, 3, 8);
+  max->reduce_op = v1::REDUCE_OP_MAX;
+  EXPECT_NE(Negotiation::KeyOf(*max), Negotiation::KeyOf(*sum));
+  EXPECT_NE(Negotiation::KeyOf(*max), Negotiation::KeyOf(*average));
+  EXPECT_EQ(Negotiation::DescribeKey(v1::COLLECTIVE_OP_PUSH_PULL,
+                                     Negotiation::KeyOf(*average)),
             "step 3, average");
-  EXPECT_EQ(Negotiation::DescribeKey(Negotiation::KeyOf(*bcast)),
+  EXPECT_EQ(Negotiation::DescribeKey(v1::COLLECTIVE_OP_PUSH_PULL,
+                                     Negotiation::KeyOf(*max)),
+            "step 3, max");
+  EXPECT_EQ(Negotiation::DescribeKey(v1::COLLECTIVE_OP_BROADCAST,
+                                     Negotiation::KeyOf(*bcast)),
             "step 3, root rank 9");
   auto last = Op(0, 0, Negotiation::kMaxStep, 8);
   last->kind = v1::COLLECTIVE_OP_BROADCAST;

@@ -40,7 +40,62 @@ __all__ = [
     "broadcast_object",
     "declare",
     "declare_many",
+    "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "barrier",
+    "ReduceOp",
+    "Average",
+    "Sum",
+    "Min",
+    "Max",
+    "Product",
+    "BitwiseAnd",
+    "BitwiseOr",
+    "BitwiseXor",
 ]
+
+
+class ReduceOp(object):
+    """How a push_pull combines the ranks' tensors, element by element
+    (Horovod's hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product; the
+    bitwise ones, torch.distributed's BAND/BOR/BXOR, take integer tensors
+    only)."""
+
+    def __init__(self, name, code, average=False):
+        self.name = name
+        self.code = code
+        self.average = average
+
+    def __repr__(self):
+        return "baton.torch.%s" % self.name
+
+
+Average = ReduceOp("Average", _baton.REDUCE_SUM, average=True)
+Sum = ReduceOp("Sum", _baton.REDUCE_SUM)
+Min = ReduceOp("Min", _baton.REDUCE_MIN)
+Max = ReduceOp("Max", _baton.REDUCE_MAX)
+Product = ReduceOp("Product", _baton.REDUCE_PRODUCT)
+BitwiseAnd = ReduceOp("BitwiseAnd", _baton.REDUCE_BAND)
+BitwiseOr = ReduceOp("BitwiseOr", _baton.REDUCE_BOR)
+BitwiseXor = ReduceOp("BitwiseXor", _baton.REDUCE_BXOR)
+
+
+def _resolve_op(average, op):
+    """(average flag, reduce op code) of a push_pull given `average` and
+    `op`: op, when given, supersedes average, which must then be None (as
+    in Horovod); neither means the mean."""
+    if op is None:
+        return (True if average is None else bool(average)), _baton.REDUCE_SUM
+    if average is not None:
+        raise ValueError("push_pull takes op or average, not both (op=%r, average=%r)" % (op, average))
+    if not isinstance(op, ReduceOp):
+        raise ValueError(
+            "op=%r is not a baton.torch reduce op: give Average, Sum, Min, Max, Product, "
+            "BitwiseAnd, BitwiseOr or BitwiseXor" % (op,)
+        )
+    return op.average, op.code
 
 _DTYPES = {
     torch.float32: _baton.FLOAT32,
@@ -61,6 +116,8 @@ _session_ever_started = False
 _drainers = weakref.WeakSet()
 # handle id -> _Pending; ids are never reused.
 _pending = {}
+# Handles of grouped operations (grouped_allreduce_async) -> _Group.
+_groups = {}
 _next_handle = 0
 # Unnamed push-pulls: (memory, dtype, shape) -> slots in use, so that each
 # call in flight gets its own tensor name and names repeat from step to step.
@@ -326,11 +383,14 @@ def _release_unnamed(unnamed_key):
         _unnamed_busy.get(key, set()).discard(slot)
 
 
-def push_pull_async(tensor, average=True, name=None):
-    """Starts the sum (average=False) or mean of `tensor` over all ranks
-    into a new tensor and returns a handle for poll() and synchronize(),
-    which returns that new tensor. `tensor` is left as it is (BytePS's
-    push_pull_async; Horovod's allreduce_async).
+def push_pull_async(tensor, average=None, name=None, op=None):
+    """Starts the mean (average None or True) or sum (average=False) of
+    `tensor` over all ranks into a new tensor and returns a handle for
+    poll() and synchronize(), which returns that new tensor. `tensor` is
+    left as it is (BytePS's push_pull_async; Horovod's allreduce_async).
+    `op` (Average, Sum, Min, Max, Product, BitwiseAnd/Or/Xor) supersedes
+    `average`, which must then be left None; every rank must pass the same
+    op, or the operation fails on every rank naming both.
 
     `name` identifies the tensor across ranks; every rank must start the
     same names in the same order. A name may change its dtype, shape or
@@ -340,17 +400,17 @@ def push_pull_async(tensor, average=True, name=None):
     returns (a CUDA tensor's on the current stream), so `tensor` may be
     changed at once.
     """
-    return _start_push_pull(tensor, average, name, None)
+    return _start_push_pull(tensor, average, name, None, op)
 
 
-def push_pull_async_inplace(tensor, average=True, name=None):
+def push_pull_async_inplace(tensor, average=None, name=None, op=None):
     """push_pull_async whose result goes into `tensor` itself when the
     handle is synchronized (BytePS's push_pull_async_inplace; Horovod's
     allreduce_async_); synchronize() returns `tensor`."""
-    return _start_push_pull(tensor, average, name, tensor)
+    return _start_push_pull(tensor, average, name, tensor, op)
 
 
-def _start_push_pull(tensor, average, name, output):
+def _start_push_pull(tensor, average, name, output, op=None):
     """Starts the push-pull of `tensor` into `output`: `tensor` itself, a
     dense tensor shaped and typed like it, or None for a new one. A host
     result is written straight into a dense output (a non-contiguous
@@ -358,6 +418,7 @@ def _start_push_pull(tensor, average, name, output):
     session = _require()
     what = "push_pull tensor %r" % (name,) if name else "push_pull tensor"
     dtype = _dtype_of(tensor, what)
+    average, op_code = _resolve_op(average, op)
     unnamed_key = None
     if name is None:
         name, unnamed_key = _unnamed_name(tensor)
@@ -366,12 +427,20 @@ def _start_push_pull(tensor, average, name, output):
             output = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
         if _cuda.is_cuda(tensor):
             return _start_on_device(
-                session, name, tensor, dtype, _baton.PUSH_PULL, output, unnamed_key, average=bool(average)
+                session,
+                name,
+                tensor,
+                dtype,
+                _baton.PUSH_PULL,
+                output,
+                unnamed_key,
+                average=average,
+                op=op_code,
             )
         dense = _contiguous(tensor)
         result = dense if output is tensor else output
         operation = session.push_pull_async(
-            name, dense.data_ptr(), dtype, list(dense.shape), bool(average), result.data_ptr()
+            name, dense.data_ptr(), dtype, list(dense.shape), average, result.data_ptr(), op_code
         )
     except BaseException:
         _release_unnamed(unnamed_key)
@@ -471,7 +540,7 @@ def _in_flight(name):
 
 
 def _start_on_device(
-    session, name, tensor, dtype, code, destination, unnamed_key, average=False, root_rank=0
+    session, name, tensor, dtype, code, destination, unnamed_key, average=False, root_rank=0, op=0
 ):
     """Starts a push-pull or broadcast of CUDA `tensor`: copies it into its
     slot's staging tensor (not on a broadcast's other ranks) and records the
@@ -501,7 +570,7 @@ def _start_on_device(
         memory_handle, offset, event_handle, pci_bus_id = slot.location
         if code == _baton.PUSH_PULL:
             operation = session.push_pull_device_async(
-                name, dtype, list(tensor.shape), average, memory_handle, offset, event_handle, pci_bus_id
+                name, dtype, list(tensor.shape), average, memory_handle, offset, event_handle, pci_bus_id, op
             )
         else:
             operation = session.broadcast_device_async(
@@ -540,8 +609,98 @@ def _take(handle):
     return pending
 
 
+class _Group:
+    """The handles of one grouped_allreduce_async, in the tensors' order,
+    and the results synchronized so far (a timeout leaves the rest in
+    flight)."""
+
+    __slots__ = ("handles", "results")
+
+    def __init__(self, handles):
+        self.handles = handles
+        self.results = []
+
+
+def _start_group(tensors, average, name, op, inplace):
+    """Starts one push-pull per tensor, after checking them all (nothing
+    starts when one is refused here), and returns the group's handle."""
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise ValueError("grouped_allreduce takes a non-empty list of tensors, not %r" % (type(tensors),))
+    for i, tensor in enumerate(tensors):
+        _dtype_of(tensor, "grouped_allreduce tensor %d" % i)
+    _resolve_op(average, op)
+    handles = []
+    try:
+        for i, tensor in enumerate(tensors):
+            member = None if name is None else "%s.%d" % (name, i)
+            start = push_pull_async_inplace if inplace else push_pull_async
+            handles.append(start(tensor, average, member, op))
+    except BaseException:
+        # Started ones run on; their results are dropped.
+        for handle in handles:
+            try:
+                synchronize(handle)
+            except Exception:
+                pass
+        raise
+    global _next_handle
+    with _lock:
+        _next_handle += 1
+        _groups[_next_handle] = _Group(handles)
+        return _next_handle
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None):
+    """Horovod's grouped_allreduce_async: starts the push-pull of every
+    tensor in `tensors` (out of place, as push_pull_async) as one group and
+    returns one handle; synchronize() returns the list of new tensors, in
+    order. `name` names the group (tensor i is "<name>.<i>"); without it,
+    calls are matched by order, as unnamed push_pulls are. `average` and
+    `op` as for push_pull, for every tensor."""
+    return _start_group(tensors, average, name, op, inplace=False)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None):
+    """grouped_allreduce_async in place: synchronize() writes each result
+    into its tensor and returns `tensors` as a list."""
+    return _start_group(tensors, average, name, op, inplace=True)
+
+
+def grouped_allreduce(tensors, average=None, name=None, op=None):
+    """Horovod's grouped_allreduce: the list of new tensors holding each
+    tensor's mean, sum or `op` over all ranks."""
+    return synchronize(grouped_allreduce_async(tensors, average, name, op))
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None):
+    """Horovod's grouped_allreduce_: every tensor in place; returns them."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op))
+
+
+def barrier(timeout=None):
+    """Horovod's barrier(): returns once every rank of the job called it (a
+    one-element push-pull named "baton.barrier"). TimeoutError after
+    `timeout` seconds (the barrier stays in flight: call synchronize on
+    nothing; the next barrier() waits for it first), BatonError when the
+    job's generation ends meanwhile (a lost node), as every operation."""
+    global _barrier_handle
+    if _barrier_handle is None:
+        _barrier_handle = push_pull_async(torch.ones(1, dtype=torch.int32), False, "baton.barrier")
+    count = synchronize(_barrier_handle, timeout)
+    _barrier_handle = None
+    if int(count[0]) != size():
+        raise BatonError("barrier counted %d ranks in a job of %d" % (int(count[0]), size()))
+
+
+_barrier_handle = None
+
+
 def poll(handle):
     """True when the operation finished (synchronize() then returns at once)."""
+    with _lock:
+        group = _groups.get(handle)
+    if group is not None:
+        return all(poll(h) for h in group.handles[len(group.results) :])
     return _require().poll(_take(handle).operation)
 
 
@@ -554,7 +713,13 @@ def synchronize(handle, timeout=None):
     within 0.1 s of Ctrl-C (either way the operation stays in flight:
     synchronize it again, or shutdown abandons it), and BatonError naming
     the cause when the operation failed (a lost node: code ABORTED; the
-    agent gone: UNAVAILABLE)."""
+    agent gone: UNAVAILABLE). A grouped handle returns the list of results;
+    when one of its operations failed, the others are still synchronized
+    before the first failure is raised."""
+    with _lock:
+        group = _groups.get(handle)
+    if group is not None:
+        return _synchronize_group(handle, group, timeout)
     session = _require()
     pending = _take(handle)
     try:
@@ -577,6 +742,31 @@ def synchronize(handle, timeout=None):
     return pending.tensor
 
 
+def _synchronize_group(handle, group, timeout):
+    deadline = None if timeout is None else time.monotonic() + float(timeout)
+    failure = None
+    while len(group.results) < len(group.handles):
+        member = group.handles[len(group.results)]
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            group.results.append(synchronize(member, left))
+        except TimeoutError:
+            if failure is None:
+                raise
+            # A member failed already: the rest are abandoned, not waited
+            # for beyond the caller's timeout.
+            break
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            if failure is None:
+                failure = e
+            group.results.append(None)
+    with _lock:
+        _groups.pop(handle, None)
+    if failure is not None:
+        raise failure
+    return list(group.results)
+
+
 def _forget(handle, pending):
     with _lock:
         _pending.pop(handle, None)
@@ -585,16 +775,16 @@ def _forget(handle, pending):
     _release_unnamed(pending.unnamed_key)
 
 
-def push_pull(tensor, average=True, name=None):
-    """push_pull_async + synchronize: returns a new tensor holding the sum
-    or mean; `tensor` is left as it is."""
-    return synchronize(push_pull_async(tensor, average, name))
+def push_pull(tensor, average=None, name=None, op=None):
+    """push_pull_async + synchronize: returns a new tensor holding the mean,
+    sum or `op` over all ranks; `tensor` is left as it is."""
+    return synchronize(push_pull_async(tensor, average, name, op))
 
 
-def push_pull_inplace(tensor, average=True, name=None):
-    """push_pull_async_inplace + synchronize: `tensor` holds the sum or
-    mean, and is returned."""
-    return synchronize(push_pull_async_inplace(tensor, average, name))
+def push_pull_inplace(tensor, average=None, name=None, op=None):
+    """push_pull_async_inplace + synchronize: `tensor` holds the mean, sum
+    or `op` over all ranks, and is returned."""
+    return synchronize(push_pull_async_inplace(tensor, average, name, op))
 
 
 def broadcast(tensor, root_rank, name):

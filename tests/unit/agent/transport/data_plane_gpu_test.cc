@@ -5,6 +5,7 @@
 // really reduce the buffers, the real negotiation rounds (TcpRounds) and real
 // gloo for the host stage on loopback, and the real CUDA IPC device memory
 // over the fake.
+#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -18,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "agent/reduce.h"
 #include "agent/scheduler/scheduler.h"
 #include "agent/transport/nccl/cuda_device_memory.h"
 #include "gmock/gmock.h"
@@ -254,10 +256,12 @@ class DataPlaneGpuTest : public ::testing::Test {
 
   // Submits the operation on every node and waits for it everywhere.
   void RunEverywhere(uint32_t tensor, int64_t step, v1::CollectiveOp kind,
-                     bool average, int root_rank = -1) {
+                     bool average, int root_rank = -1,
+                     v1::ReduceOp reduce_op = v1::REDUCE_OP_SUM) {
     std::vector<uint64_t> ids;
     for (int n = 0; n < nodes_count_; ++n) {
       auto op = Op(n, tensor, step, kind, average, root_rank);
+      op->reduce_op = reduce_op;
       ids.push_back(op->id);
       nodes_[n]->plane->Submit(std::move(op));
     }
@@ -319,6 +323,27 @@ TEST_P(DataPlaneGpuLayoutTest, PushPullAveragesOverTheWorld) {
   WriteInputs();
   RunEverywhere(1, 0, v1::COLLECTIVE_OP_PUSH_PULL, /*average=*/true);
   ExpectEverywhere([&](int64_t i) { return Sum(i) / world(); });
+}
+
+// Rank r holds (r + 1)(i % 7 + 1): the min is rank 0's, the max the last
+// rank's, the product (i % 7 + 1)^world x world!, on NCCL alone and through
+// the host between nodes.
+TEST_P(DataPlaneGpuLayoutTest, PushPullMinMaxAndProduct) {
+  float factorial = 1;
+  for (int r = 1; r <= world(); ++r) factorial *= static_cast<float>(r);
+  int64_t step = 0;
+  for (v1::ReduceOp op : {v1::REDUCE_OP_MIN, v1::REDUCE_OP_MAX,
+                          v1::REDUCE_OP_PRODUCT}) {
+    SCOPED_TRACE(ReduceOpName(op));
+    WriteInputs();
+    RunEverywhere(3, step++, v1::COLLECTIVE_OP_PUSH_PULL, false, -1, op);
+    ExpectEverywhere([&](int64_t i) {
+      const float x = static_cast<float>(i % 7 + 1);
+      if (op == v1::REDUCE_OP_MIN) return x;
+      if (op == v1::REDUCE_OP_MAX) return static_cast<float>(world()) * x;
+      return factorial * std::pow(x, static_cast<float>(world()));
+    });
+  }
 }
 
 TEST_P(DataPlaneGpuLayoutTest, BroadcastFromEveryRoot) {

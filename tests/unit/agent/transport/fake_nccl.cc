@@ -43,7 +43,12 @@ void FakeGpuApi::Compute(FakeNcclFabric::Pending& p, int kind) {
   if (kind == 1) {  // broadcast
     std::memcpy(result.data(), p.send[p.root], bytes);
   } else {
-    SumInto(dtype, result.data(), p.send.data(), ranks, p.count);
+    const v1::ReduceOp op = p.op == gpu::NcclRedOp::kMin   ? v1::REDUCE_OP_MIN
+                            : p.op == gpu::NcclRedOp::kMax ? v1::REDUCE_OP_MAX
+                            : p.op == gpu::NcclRedOp::kProd
+                                ? v1::REDUCE_OP_PRODUCT
+                                : v1::REDUCE_OP_SUM;
+    ReduceInto(op, dtype, result.data(), p.send.data(), ranks, p.count);
     if (p.op == gpu::NcclRedOp::kAvg) {
       DivideInPlace(dtype, result.data(), p.count, ranks);
     }

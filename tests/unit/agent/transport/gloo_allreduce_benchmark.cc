@@ -62,7 +62,7 @@ TEST(GlooBenchmark, DISABLED_Allreduce64MiB) {
             const CollectiveOptions collective{kOpTimeout, 0};
             if (!config.partitioned) {
               ASSERT_TRUE(communicator
-                              .AllreduceSum(data[rank].data(), kCount,
+                              .Allreduce(data[rank].data(), kCount,
                                             v1::DATA_TYPE_FLOAT32, collective)
                               .ok());
               return;
@@ -71,7 +71,7 @@ TEST(GlooBenchmark, DISABLED_Allreduce64MiB) {
                  p += config.communicators) {
               ASSERT_TRUE(
                   communicator
-                      .AllreduceSum(data[rank].data() + p * kPartitionCount,
+                      .Allreduce(data[rank].data() + p * kPartitionCount,
                                     kPartitionCount, v1::DATA_TYPE_FLOAT32,
                                     collective)
                       .ok());

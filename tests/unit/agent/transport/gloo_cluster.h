@@ -90,7 +90,7 @@ struct Cluster {
   // Node `rank`'s allreduce of `data` in place: it must become `expected`.
   void ExpectAllreduce(int rank, std::vector<uint8_t> data, v1::DataType dtype,
                        size_t count, const std::vector<uint8_t>& expected) {
-    const absl::Status status = communicators[rank][0]->AllreduceSum(
+    const absl::Status status = communicators[rank][0]->Allreduce(
         data.data(), count, dtype,
         CollectiveOptions{std::chrono::milliseconds(10000), 0});
     ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
@@ -110,7 +110,7 @@ struct Cluster {
     CollectiveOptions options{std::chrono::milliseconds(10000), 0};
     options.input = input.data();
     options.divisor = divisor;
-    const absl::Status status = communicators[rank][0]->AllreduceSum(
+    const absl::Status status = communicators[rank][0]->Allreduce(
         output.data(), count, dtype, options);
     ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
     EXPECT_EQ(FirstDifference(output, expected), -1) << "node " << rank;

@@ -101,7 +101,7 @@ void NcclCollectivesTest::ExpectAllreduce(
   }
 }
 
-TEST_P(NcclCollectivesTest, AllreduceSumIsExactForEveryType) {
+TEST_P(NcclCollectivesTest, AllreduceIsExactForEveryType) {
   ExpectAllreduce(DeviceReduceOp::kSum, Value,
                   [&](size_t i, v1::DataType dtype) {
                     int64_t sum = 0;
@@ -219,7 +219,7 @@ TEST(NcclCommunicatorTest, OneDevicePerNodeServesTheCommunicatorInterface) {
     DeviceBuffers buffers(*cluster.apis[node], 1, 3 * sizeof(int32_t));
     auto* data = reinterpret_cast<int32_t*>(buffers.bytes(0));
     for (int i = 0; i < 3; ++i) data[i] = (node + 1) * (i + 1);
-    absl::Status status = communicator.AllreduceSum(
+    absl::Status status = communicator.Allreduce(
         data, 3, v1::DATA_TYPE_INT32, CollectiveOptions{kTimeout, 0});
     ASSERT_TRUE(status.ok()) << status;
     EXPECT_EQ(std::vector<int32_t>(data, data + 3),
@@ -238,7 +238,7 @@ TEST(NcclCommunicatorTest, OneBufferOnANodeOfTwoDevicesIsRefused) {
   DeviceBuffers buffers(*cluster.apis[0], 2, 16);
   Communicator& communicator = cluster.communicator(0);
   const absl::Status allreduce =
-      communicator.AllreduceSum(buffers.pointers()[0], 4, v1::DATA_TYPE_FLOAT32,
+      communicator.Allreduce(buffers.pointers()[0], 4, v1::DATA_TYPE_FLOAT32,
                                 CollectiveOptions{kTimeout, 0});
   EXPECT_EQ(allreduce.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(allreduce.message(),

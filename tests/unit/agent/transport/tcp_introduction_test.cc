@@ -217,7 +217,7 @@ TEST_P(SharedSecretTest, ConnectsAndCollectivesAreExact) {
       for (size_t i = 0; i < kCount; ++i) {
         data[i] = static_cast<float>((i + rank) % 7);
       }
-      ASSERT_TRUE(ring->AllreduceSum(data.data(), kCount, v1::DATA_TYPE_FLOAT32,
+      ASSERT_TRUE(ring->Allreduce(data.data(), kCount, v1::DATA_TYPE_FLOAT32,
                                      CollectiveOptions{kTimeout, 0})
                       .ok());
       for (size_t i = 0; i < kCount; ++i) {
