@@ -213,6 +213,22 @@ def test_every_module_owning_parameters_is_gated():
     assert gated == {"", "body.0", "head"}, "gated modules: %s" % sorted(gated)
 
 
+def test_attention_waits_for_the_out_projection_it_reads():
+    """nn.MultiheadAttention reads out_proj's weight and bias without calling
+    out_proj: its own gate covers them, so its forward never reads an
+    out_proj being updated."""
+    torch.manual_seed(5)
+    model = torch.nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16)
+    optimizer = bt.ScheduledOptimizer(model, sgd(model))
+    try:
+        (hook,) = model.self_attn._forward_pre_hooks.values()
+        waited = {slot.name for slot in hook.slots}
+    finally:
+        optimizer.close()
+    for name in ("self_attn.in_proj_weight", "self_attn.out_proj.weight", "self_attn.out_proj.bias"):
+        assert any(w.endswith(name) for w in waited), "%s not gated: %s" % (name, sorted(waited))
+
+
 def test_second_backward_before_step_is_refused():
     model = make_model()
     optimizer = bt.ScheduledOptimizer(model, sgd(model))
