@@ -65,6 +65,15 @@ class PoisonState {
     }
     return CheckBroadcastArguments(data, bytes, root, size, on);
   }
+  absl::Status CheckAllgather(const void* data,
+                              absl::Span<const size_t> lengths, int size,
+                              const CollectiveOptions& options,
+                              const std::string& on) const {
+    if (absl::Status usable = CheckUsable(options, on); !usable.ok()) {
+      return usable;
+    }
+    return CheckAllgatherArguments(data, lengths, size, on);
+  }
 
   // Check(), then INVALID_ARGUMENT naming `on` for a timeout that is not
   // positive: what every collective checks first.

@@ -121,6 +121,40 @@ std::string DataTypeName(v1::DataType dtype) {
   return absl::AsciiStrToLower(absl::StripPrefix(name, "DATA_TYPE_"));
 }
 
+absl::Status Communicator::Allgather(void* data,
+                                     absl::Span<const size_t> lengths,
+                                     const CollectiveOptions& options) {
+  (void)data;
+  (void)lengths;
+  (void)options;
+  return absl::UnimplementedError(
+      "allgather is not implemented by this transport; use the TCP rings "
+      "(--data_transport=tcp) or gloo");
+}
+
+absl::Status CheckAllgatherArguments(const void* data,
+                                     absl::Span<const size_t> lengths,
+                                     int size, const std::string& on) {
+  if (lengths.size() != static_cast<size_t>(size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allgather on ", on, ": ", lengths.size(),
+                     " lengths for ", size, " members; give one per member"));
+  }
+  size_t total = 0;
+  for (size_t length : lengths) {
+    if (length > std::numeric_limits<size_t>::max() - total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("allgather on ", on, ": the lengths overflow"));
+    }
+    total += length;
+  }
+  if (total > 0 && data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allgather of ", total, " bytes on ", on, ": data is null"));
+  }
+  return absl::OkStatus();
+}
+
 std::string AllreduceName(v1::ReduceOp op) {
   if (op == v1::REDUCE_OP_SUM) return "allreduce";
   return absl::StrCat("allreduce (", ReduceOpName(op), ")");

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "agent/transport/collective_options.h"
 #include "agent/transport/key_value_store.h"
 #include "agent/transport/negotiation_choice.h"
@@ -47,6 +48,14 @@ class Communicator {
   // In place: every member gets `root`'s `bytes` bytes at data.
   virtual absl::Status Broadcast(void* data, size_t bytes, int root,
                                  const CollectiveOptions& options) = 0;
+
+  // In place: member i's `lengths[i]` bytes (any of them may be 0) sit in
+  // `data` at the sum of lengths[0..i), this member's own already there;
+  // afterwards every member holds all of them. `lengths` has size() entries
+  // and is the same on every member (members that disagree fail). The
+  // default: UNIMPLEMENTED naming the transport.
+  virtual absl::Status Allgather(void* data, absl::Span<const size_t> lengths,
+                                 const CollectiveOptions& options);
 
   virtual bool poisoned() const = 0;
 
@@ -128,6 +137,12 @@ std::string StoreKey(const std::string& prefix, const std::string& key);
 absl::StatusOr<std::string> NodeRankZeroValue(const ConnectRequest& request,
                                               const std::string& name,
                                               const std::string& mine);
+
+// INVALID_ARGUMENT naming `on` unless `lengths` has `size` entries and
+// `data` is non-null where they add up to more than 0.
+absl::Status CheckAllgatherArguments(const void* data,
+                                     absl::Span<const size_t> lengths,
+                                     int size, const std::string& on);
 
 // "allreduce" for a sum, "allreduce (max)" etc. otherwise: how errors name
 // an allreduce.

@@ -22,6 +22,7 @@
 #include "agent/transport/gloo/gloo_store.h"
 #include "agent/transport/tcp/tcp_negotiation.h"
 #include "agent/transport/tcp/tcp_peers.h"
+#include "gloo/allgatherv.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/rendezvous/context.h"
@@ -309,6 +310,39 @@ absl::Status GlooCommunicator::Broadcast(void* data, size_t bytes, int root,
     opts.setTag(WireTag(options.tag, bytes, 0));
     opts.setTimeout(options.timeout);
     gloo::broadcast(opts);
+  });
+}
+
+absl::Status GlooCommunicator::Allgather(void* data,
+                                         absl::Span<const size_t> lengths,
+                                         const CollectiveOptions& options) {
+  if (absl::Status valid =
+          poison_.CheckAllgather(data, lengths, size_, options, Describe());
+      !valid.ok()) {
+    return valid;
+  }
+  size_t total = 0;
+  size_t offset = 0;
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the lengths
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (static_cast<int>(i) == rank_) offset = total;
+    total += lengths[i];
+    hash = (hash ^ lengths[i]) * 1099511628211ull;
+  }
+  if (total == 0 || size_ == 1) return absl::OkStatus();
+  auto* bytes = static_cast<uint8_t*>(data);
+  // gloo copies the input into the output: not from where it already is.
+  std::vector<uint8_t> mine(bytes + offset, bytes + offset + lengths[rank_]);
+  const std::string what = absl::StrCat("allgather of ", total, " bytes");
+  return Run(what, [&] {
+    gloo::AllgathervOptions opts(context_);
+    opts.setInput(mine.data(), mine.size());
+    opts.setOutput(bytes, std::vector<size_t>(lengths.begin(), lengths.end()));
+    // Members that disagree on the lengths never match (a timeout).
+    opts.setTag(WireTag(options.tag, total,
+                        static_cast<int>(hash ^ (hash >> 32))));
+    opts.setTimeout(options.timeout);
+    gloo::allgatherv(opts);
   });
 }
 

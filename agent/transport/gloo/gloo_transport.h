@@ -120,6 +120,9 @@ class GlooCommunicator : public Communicator {
                             const CollectiveOptions& options) override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
+  // gloo::allgatherv.
+  absl::Status Allgather(void* data, absl::Span<const size_t> lengths,
+                         const CollectiveOptions& options) override;
 
   bool poisoned() const override { return poison_.is_set(); }
 

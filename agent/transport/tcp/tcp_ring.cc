@@ -22,6 +22,7 @@ namespace {
 constexpr uint32_t kMagic = 0x324e5242;
 constexpr uint32_t kAllreduce = 1;
 constexpr uint32_t kBroadcast = 2;
+constexpr uint32_t kAllgather = 3;
 // Preamble formats: "DENS" (every byte follows), "SPRS" (a bitmap, then the
 // blocks it marks).
 constexpr uint32_t kDenseFrame = 0x534e4544;
@@ -35,6 +36,7 @@ int Mod(int x, int n) { return ((x % n) + n) % n; }
 const char* KindName(uint32_t kind) {
   return kind == kAllreduce   ? "allreduce"
          : kind == kBroadcast ? "broadcast"
+         : kind == kAllgather ? "allgather"
                               : "an unknown collective";
 }
 
@@ -134,9 +136,9 @@ absl::Status TcpRing::HeaderMismatch(const Header& mine, const Header& theirs,
   }
   const auto describe = [](const Header& h) {
     const std::string detail =
-        h.kind == kBroadcast
-            ? absl::StrCat("root ", h.detail)
-            : absl::StrCat(
+        h.kind == kBroadcast   ? absl::StrCat("root ", h.detail)
+        : h.kind == kAllgather ? absl::StrCat("lengths ", absl::Hex(h.detail))
+                               : absl::StrCat(
                   "dtype ", h.detail & 0xffffu, ", ",
                   ReduceOpName(static_cast<v1::ReduceOp>(h.detail >> 16)));
     return absl::StrCat(KindName(h.kind), " #", h.seq, " of ", h.bytes,
@@ -580,6 +582,51 @@ absl::Status TcpRing::Broadcast(void* data, size_t bytes, int root,
   }
   return Run(step, Deadline(*clock_, absl::FromChrono(options.timeout)), what,
              options);
+}
+
+absl::Status TcpRing::Allgather(void* data, absl::Span<const size_t> lengths,
+                               const CollectiveOptions& options) {
+  if (absl::Status valid =
+          poison_.CheckAllgather(data, lengths, size_, options, Describe());
+      !valid.ok()) {
+    return valid;
+  }
+  std::vector<size_t> offsets(lengths.size() + 1, 0);
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the lengths
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    offsets[i + 1] = offsets[i] + lengths[i];
+    hash = (hash ^ lengths[i]) * 1099511628211ull;
+  }
+  const size_t total = offsets.back();
+  if (size_ == 1 || total == 0) return absl::OkStatus();
+  const std::string what = absl::StrCat("allgather of ", total, " bytes on ",
+                                        Describe());
+  // Sparse steps arrive through it.
+  if (scratch_.empty()) scratch_.resize(kSegmentBytes);
+  // Every node checks its previous node's header, lengths included.
+  const Header header = {kMagic, kAllgather, total,
+                         static_cast<uint32_t>(hash ^ (hash >> 32)), seq_++};
+  const Deadline deadline(*clock_, absl::FromChrono(options.timeout));
+  auto* bytes = static_cast<uint8_t*>(data);
+  for (int s = 0; s < size_ - 1; ++s) {
+    // Chunk r - s goes on (this node's own at the first step), chunk
+    // r - s - 1 comes in.
+    const int out = Wrap(rank_ - s);
+    const int in = Wrap(rank_ - s - 1);
+    Step step;
+    step.header = &header;
+    step.send_header = step.recv_header = s == 0;
+    step.framed = true;
+    step.send = bytes + offsets[out];
+    step.send_bytes = lengths[out];
+    step.recv = bytes + offsets[in];
+    step.recv_bytes = lengths[in];
+    if (absl::Status status = Run(step, deadline, what, options);
+        !status.ok()) {
+      return status;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace baton::agent

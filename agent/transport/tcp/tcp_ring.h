@@ -87,6 +87,11 @@ class TcpRing : public Communicator {
                             const CollectiveOptions& options) override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
+  // N-1 steps, each passing on the chunk received the step before (this
+  // node's own first), in blocks whose zeros are left out as an
+  // allreduce's are. Nodes whose lengths differ fail at the first step.
+  absl::Status Allgather(void* data, absl::Span<const size_t> lengths,
+                         const CollectiveOptions& options) override;
   bool poisoned() const override { return poison_.is_set(); }
   // Thread-safe: a collective in flight fails at once with `status`. The
   // connections stay open (a re-form may keep them).
@@ -104,7 +109,9 @@ class TcpRing : public Communicator {
     uint32_t magic;
     uint32_t kind;
     uint64_t bytes;
-    uint32_t detail;  // data type (allreduce) or root (broadcast)
+    // Data type and op (allreduce), root (broadcast), a hash of the
+    // lengths (allgather).
+    uint32_t detail;
     uint32_t seq;
   };
   static_assert(sizeof(Header) == 24);
