@@ -69,17 +69,17 @@ absl::Status ValidateEnqueue(const JobTrainers& trainers, int32_t rank,
           " for ", named, "; average applies to a sum only"));
     }
     if (!ReduceOpApplies(op, tensor.spec.dtype())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "reduce op ", ReduceOpName(op), " does not apply to ", named, " (",
-          v1::DataType_Name(tensor.spec.dtype()),
-          "): the bitwise ops take integer tensors only"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("reduce op ", ReduceOpName(op), " does not apply to ",
+                       named, " (", v1::DataType_Name(tensor.spec.dtype()),
+                       "): the bitwise ops take integer tensors only"));
     }
     if (tensor.spec.memory() == v1::MEMORY_KIND_CUDA &&
         (op == v1::REDUCE_OP_BAND || op == v1::REDUCE_OP_BOR ||
          op == v1::REDUCE_OP_BXOR)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "reduce op ", ReduceOpName(op), " on CUDA ", named,
-          ": NCCL has no bitwise reductions; use a host tensor"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("reduce op ", ReduceOpName(op), " on CUDA ", named,
+                       ": NCCL has no bitwise reductions; use a host tensor"));
     }
   }
   if (tensor.spec.op() == v1::COLLECTIVE_OP_BROADCAST) {

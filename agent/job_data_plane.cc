@@ -278,9 +278,8 @@ void JobDataPlane::MaybeConnectDevices() {
 }
 
 void JobDataPlane::OnDevicesConnected(int64_t generation,
-                                       absl::StatusOr<DeviceGroup> group) {
-  if (!membership_ || membership_->generation() != generation ||
-      !data_plane_) {
+                                      absl::StatusOr<DeviceGroup> group) {
+  if (!membership_ || membership_->generation() != generation || !data_plane_) {
     return;  // a newer generation replaced it; the group closes here
   }
   if (!group.ok()) {
@@ -296,8 +295,8 @@ void JobDataPlane::OnDevicesConnected(int64_t generation,
     return;
   }
   data_plane_->AttachDevices(std::move(*group));
-  LOG(INFO) << LogPrefix() << "GPU communicators of generation "
-            << generation << " connected";
+  LOG(INFO) << LogPrefix() << "GPU communicators of generation " << generation
+            << " connected";
   callbacks_.submit_waiting();
 }
 

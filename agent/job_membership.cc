@@ -20,17 +20,15 @@ JobMembership::JobMembership(std::string job, const JobEnvironment& env,
       config_(*env.config),
       trainers_(*trainers),
       callbacks_(std::move(callbacks)),
-      data_plane_(job_, env_, trainers,
-                  {callbacks_.post, callbacks_.op_done,
-                   callbacks_.submit_waiting,
-                   [this](int64_t generation, const absl::Status& status) {
-                     callbacks_.fail_generation(generation, status,
-                                                /*only_waiting=*/true);
-                   },
-                   callbacks_.release_held,
-                   [this](const absl::Status& status) {
-                     OnGraceEnded(status);
-                   }}) {}
+      data_plane_(
+          job_, env_, trainers,
+          {callbacks_.post, callbacks_.op_done, callbacks_.submit_waiting,
+           [this](int64_t generation, const absl::Status& status) {
+             callbacks_.fail_generation(generation, status,
+                                        /*only_waiting=*/true);
+           },
+           callbacks_.release_held,
+           [this](const absl::Status& status) { OnGraceEnded(status); }}) {}
 
 JobMembership::~JobMembership() = default;
 
@@ -213,8 +211,8 @@ void JobMembership::HandleMembership(const v1::Membership& m) {
   const int32_t node_rank = m.self().node_rank();
   const int32_t rank_offset = m.self().rank_offset();
   // Failures held for a previous generation are reported now.
-  data_plane_.Retire(absl::AbortedError(absl::StrCat(
-      "job \"", job_, "\" moved to generation ", m.generation())));
+  data_plane_.Retire(absl::AbortedError(
+      absl::StrCat("job \"", job_, "\" moved to generation ", m.generation())));
   if (membership_) {
     // Nothing a trainer started in the generation this node ran may run in
     // the new one (the fence): whatever of it is left fails now.

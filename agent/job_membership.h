@@ -119,9 +119,7 @@ class JobMembership : public JobGeneration {
   const absl::Status* devices_failed() const override {
     return data_plane_.devices_failed();
   }
-  bool holds_failures() const override {
-    return data_plane_.holds_failures();
-  }
+  bool holds_failures() const override { return data_plane_.holds_failures(); }
 
   int32_t node_rank() const { return node_rank_; }
   int32_t rank_offset() const { return rank_offset_; }

@@ -135,11 +135,11 @@ void JobOperations::Enqueue(int32_t rank, const TensorEnqueue& enqueue) {
         const absl::Status disagree = absl::InvalidArgumentError(absl::StrCat(
             "local rank ", rank, " enqueued step ", enqueue.step,
             " of tensor \"", tensor.spec.name(), "\" with average=",
-            enqueue.average, " root_rank=", enqueue.root_rank, " op=",
-            ReduceOpName(static_cast<v1::ReduceOp>(enqueue.reduce_op)),
-            " but another local rank used average=", o.average, " root_rank=",
-            o.root_rank, " op=",
-            ReduceOpName(static_cast<v1::ReduceOp>(o.reduce_op)),
+            enqueue.average, " root_rank=", enqueue.root_rank,
+            " op=", ReduceOpName(static_cast<v1::ReduceOp>(enqueue.reduce_op)),
+            " but another local rank used average=", o.average,
+            " root_rank=", o.root_rank,
+            " op=", ReduceOpName(static_cast<v1::ReduceOp>(o.reduce_op)),
             "; every rank must enqueue the same operation"));
         FailOp(rank, enqueue, disagree);
         Fail(pending, disagree);
@@ -247,9 +247,9 @@ void JobOperations::TrySubmit(PendingOp& pending) {
   if (op->kind == v1::COLLECTIVE_OP_BROADCAST) {
     if (op->root_rank >= membership.world_size()) {
       Fail(pending, absl::InvalidArgumentError(absl::StrCat(
-                            "root rank ", op->root_rank, " of broadcast of \"",
-                            op->tensor_name, "\" is outside the world of ",
-                            membership.world_size(), " ranks")));
+                        "root rank ", op->root_rank, " of broadcast of \"",
+                        op->tensor_name, "\" is outside the world of ",
+                        membership.world_size(), " ranks")));
       return;
     }
     // Inside the world (checked above), so a node holds it.
@@ -258,10 +258,10 @@ void JobOperations::TrySubmit(PendingOp& pending) {
     const int32_t root_offset = root.rank_offset;
     // A CUDA tensor's broadcast starts at the root's GPU, which every node
     // names (NCCL rank = node rank x GPUs per node + local GPU).
-    op->root_local = op->root_node == membership.self().node_rank() ||
-                             op->on_device
-                         ? op->root_rank - root_offset
-                         : -1;
+    op->root_local =
+        op->root_node == membership.self().node_rank() || op->on_device
+            ? op->root_rank - root_offset
+            : -1;
   }
   pending.submitted = true;
   pending.completion->Submitted();
@@ -323,9 +323,8 @@ absl::Status JobOperations::Explained(const PendingOp& pending,
   const absl::Status* aborted = generation_.aborted(pending.generation);
   if (aborted == nullptr) return status;
   return absl::Status(aborted->code(),
-                      absl::StrCat(aborted->message(),
-                                   " (the data plane saw: ", status.message(),
-                                   ")"));
+                      absl::StrCat(aborted->message(), " (the data plane saw: ",
+                                   status.message(), ")"));
 }
 
 void JobOperations::ReleaseHeld() {

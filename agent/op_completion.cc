@@ -39,11 +39,10 @@ void OpCompletion::AddTarget(Target target) {
 
 void OpCompletion::Forget(int32_t rank) {
   absl::MutexLock lock(&mu_);
-  targets_.erase(std::remove_if(targets_.begin(), targets_.end(),
-                                [rank](const Target& t) {
-                                  return t.rank == rank;
-                                }),
-                 targets_.end());
+  targets_.erase(
+      std::remove_if(targets_.begin(), targets_.end(),
+                     [rank](const Target& t) { return t.rank == rank; }),
+      targets_.end());
 }
 
 void OpCompletion::Submitted() {

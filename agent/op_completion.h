@@ -90,8 +90,8 @@ class OpCompletion {
  private:
   bool FinishLocked(const absl::Status& status, absl::Time when)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Tell(const std::vector<Target>& targets, const absl::Status& status)
-      const;
+  void Tell(const std::vector<Target>& targets,
+            const absl::Status& status) const;
 
   // Constant after construction.
   const std::string tensor_;

@@ -462,8 +462,8 @@ void CombinePair(void* dst, const void* a, const void* b, size_t count) {
   CombineMany<C, Op>(dst, srcs, 2, count);
 }
 
-using CombineFn = void (*)(void* dst, const void* const* srcs,
-                           size_t num_srcs, size_t count);
+using CombineFn = void (*)(void* dst, const void* const* srcs, size_t num_srcs,
+                           size_t count);
 
 // The kernels of one operation, by dtype; nullptr where it does not apply.
 struct OpKernels {
@@ -546,11 +546,11 @@ OpKernels KernelsFor(v1::ReduceOp op, v1::DataType dtype) {
 
 void ReduceInto(v1::ReduceOp op, v1::DataType dtype, void* dst,
                 const void* const* srcs, size_t num_srcs, size_t count) {
-  if (op == v1::REDUCE_OP_SUM) return SumInto(dtype, dst, srcs, num_srcs, count);
+  if (op == v1::REDUCE_OP_SUM)
+    return SumInto(dtype, dst, srcs, num_srcs, count);
   const OpKernels kernels = KernelsFor(op, dtype);
-  CHECK(kernels.many != nullptr)
-      << "ReduceInto: " << ReduceOpName(op) << " does not apply to dtype "
-      << dtype;
+  CHECK(kernels.many != nullptr) << "ReduceInto: " << ReduceOpName(op)
+                                 << " does not apply to dtype " << dtype;
   CHECK_GE(num_srcs, 1u) << "ReduceInto: no sources";
   if (count == 0) return;
   if (num_srcs == 1) {

@@ -27,20 +27,20 @@ struct TensorEnqueue {
   int64_t generation = 0;
 
   static TensorEnqueue FromRequest(const v1::EnqueueRequest& request) {
-    return TensorEnqueue{request.index(),       request.step(),
-                         request.average(),     request.reduce_op(),
-                         request.root_rank(),   /*via_channel=*/false,
+    return TensorEnqueue{request.index(),     request.step(),
+                         request.average(),   request.reduce_op(),
+                         request.root_rank(), /*via_channel=*/false,
                          request.generation()};
   }
   static TensorEnqueue FromChannel(const ChannelEntry& entry) {
-    return TensorEnqueue{entry.index,
-                         entry.step,
-                         (entry.flags & kChannelAverage) != 0,
-                         (entry.flags & kChannelReduceOpMask) >>
-                             kChannelReduceOpShift,
-                         static_cast<int32_t>(entry.value),
-                         /*via_channel=*/true,
-                         entry.generation};
+    return TensorEnqueue{
+        entry.index,
+        entry.step,
+        (entry.flags & kChannelAverage) != 0,
+        (entry.flags & kChannelReduceOpMask) >> kChannelReduceOpShift,
+        static_cast<int32_t>(entry.value),
+        /*via_channel=*/true,
+        entry.generation};
   }
 };
 

@@ -550,8 +550,7 @@ class Client::Impl {
     if (!v1::ReduceOp_IsValid(op) || (average && op != v1::REDUCE_OP_SUM)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push_pull of tensor \"", tensor.spec().name(), "\": reduce op ",
-          static_cast<int>(op),
-          average ? " with average" : "",
+          static_cast<int>(op), average ? " with average" : "",
           " is not one of sum, min, max, product, band, bor, bxor (average "
           "only with sum)"));
     }

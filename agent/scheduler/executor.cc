@@ -373,11 +373,11 @@ absl::Status Executor::ExecuteOnDevice(Worker& worker,
       const int root = op.root_node * local + op.root_local;
       status = device.DeviceBroadcast(buffers, bytes, root, opts);
     } else {
-      status = device.DeviceAllreduce(
-          buffers, count, op.dtype,
-          op.average ? DeviceReduceOp::kAverage
-                     : DeviceReduceOpOf(op.reduce_op),
-          opts);
+      status =
+          device.DeviceAllreduce(buffers, count, op.dtype,
+                                 op.average ? DeviceReduceOp::kAverage
+                                            : DeviceReduceOpOf(op.reduce_op),
+                                 opts);
     }
     return status.ok() ? status : fail(status);
   }
@@ -416,11 +416,11 @@ absl::Status Executor::ExecuteOnDevice(Worker& worker,
   // host divides the job's sum.
   const bool average = op.average && options_.world_size > 1;
   if (local > 1) {
-    status = device.DeviceReduce(
-        buffers, count, op.dtype,
-        average && !cross ? DeviceReduceOp::kAverage
-                          : DeviceReduceOpOf(op.reduce_op),
-        /*root=*/0, opts);
+    status =
+        device.DeviceReduce(buffers, count, op.dtype,
+                            average && !cross ? DeviceReduceOp::kAverage
+                                              : DeviceReduceOpOf(op.reduce_op),
+                            /*root=*/0, opts);
   }
   *reduced_us = NowUs();
   if (status.ok() && cross) {

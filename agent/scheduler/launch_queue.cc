@@ -49,12 +49,11 @@ std::vector<Launch> FuseSmallTensors(std::vector<PartitionTask> admitted,
   int64_t bytes = 0;  // of the last launch, while it may grow
   bool growing = false;
   for (PartitionTask& task : admitted) {
-    const bool fits = growing && fusable(task) &&
-                      bytes + task.length <= max_launch_bytes &&
-                      task.op->dtype == launches.back().front().op->dtype &&
-                      task.op->average == launches.back().front().op->average &&
-                      task.op->reduce_op ==
-                          launches.back().front().op->reduce_op;
+    const bool fits =
+        growing && fusable(task) && bytes + task.length <= max_launch_bytes &&
+        task.op->dtype == launches.back().front().op->dtype &&
+        task.op->average == launches.back().front().op->average &&
+        task.op->reduce_op == launches.back().front().op->reduce_op;
     if (fits) {
       bytes += task.length;
       launches.back().push_back(std::move(task));

@@ -35,8 +35,8 @@ using Launch = std::vector<PartitionTask>;
 
 // Groups `admitted` (in launch order) into launches: a run of consecutive
 // host push-pulls, each a whole tensor of at most `max_tensor_bytes`, with
-// one data type, one average flag and one reduce op, fuses into one launch of at most
-// `max_launch_bytes`; everything else is a launch of its own. Keeps the
+// one data type, one average flag and one reduce op, fuses into one launch of
+// at most `max_launch_bytes`; everything else is a launch of its own. Keeps the
 // order, so priority order holds; a pure function of its inputs (tensor
 // sizes, types and flags are the same on every node), so every node fuses
 // alike. max_tensor_bytes 0: no fusion.

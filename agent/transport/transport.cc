@@ -77,15 +77,15 @@ absl::Status CheckAllreduceArguments(const void* data, size_t count,
   if (!v1::ReduceOp_IsValid(options.op) ||
       !ReduceOpApplies(options.op, dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "allreduce on ", on, ": reduce op ", ReduceOpName(options.op),
-        " (", static_cast<int>(options.op), ") does not apply to ",
+        "allreduce on ", on, ": reduce op ", ReduceOpName(options.op), " (",
+        static_cast<int>(options.op), ") does not apply to ",
         DataTypeName(dtype), " (the bitwise ops take integers only)"));
   }
   if (options.divisor < 1 ||
       (options.divisor > 1 && options.op != v1::REDUCE_OP_SUM)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "allreduce on ", on, ": CollectiveOptions.divisor is ",
-        options.divisor, " with reduce op ", ReduceOpName(options.op),
+        "allreduce on ", on, ": CollectiveOptions.divisor is ", options.divisor,
+        " with reduce op ", ReduceOpName(options.op),
         "; give 1 or more, and more than 1 only for a sum (an average)"));
   }
   if (count == 0) return absl::OkStatus();
@@ -133,12 +133,12 @@ absl::Status Communicator::Allgather(void* data,
 }
 
 absl::Status CheckAllgatherArguments(const void* data,
-                                     absl::Span<const size_t> lengths,
-                                     int size, const std::string& on) {
+                                     absl::Span<const size_t> lengths, int size,
+                                     const std::string& on) {
   if (lengths.size() != static_cast<size_t>(size)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("allgather on ", on, ": ", lengths.size(),
-                     " lengths for ", size, " members; give one per member"));
+        absl::StrCat("allgather on ", on, ": ", lengths.size(), " lengths for ",
+                     size, " members; give one per member"));
   }
   size_t total = 0;
   for (size_t length : lengths) {

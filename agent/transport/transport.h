@@ -41,9 +41,8 @@ class Communicator {
   // unless the options say otherwise). FLOAT16 and BFLOAT16 are combined in
   // float32 and rounded once per step. An op that does not apply to the
   // dtype (reduce.h, ReduceOpApplies) fails with INVALID_ARGUMENT.
-  virtual absl::Status Allreduce(void* data, size_t count,
-                                    v1::DataType dtype,
-                                    const CollectiveOptions& options) = 0;
+  virtual absl::Status Allreduce(void* data, size_t count, v1::DataType dtype,
+                                 const CollectiveOptions& options) = 0;
 
   // In place: every member gets `root`'s `bytes` bytes at data.
   virtual absl::Status Broadcast(void* data, size_t bytes, int root,
@@ -141,8 +140,8 @@ absl::StatusOr<std::string> NodeRankZeroValue(const ConnectRequest& request,
 // INVALID_ARGUMENT naming `on` unless `lengths` has `size` entries and
 // `data` is non-null where they add up to more than 0.
 absl::Status CheckAllgatherArguments(const void* data,
-                                     absl::Span<const size_t> lengths,
-                                     int size, const std::string& on);
+                                     absl::Span<const size_t> lengths, int size,
+                                     const std::string& on);
 
 // "allreduce" for a sum, "allreduce (max)" etc. otherwise: how errors name
 // an allreduce.

@@ -258,8 +258,8 @@ absl::Status GlooCommunicator::Run(const std::string& what, Op&& op) {
 }
 
 absl::Status GlooCommunicator::Allreduce(void* data, size_t count,
-                                            v1::DataType dtype,
-                                            const CollectiveOptions& options) {
+                                         v1::DataType dtype,
+                                         const CollectiveOptions& options) {
   if (absl::Status valid =
           poison_.CheckAllreduce(data, count, dtype, options, Describe());
       !valid.ok()) {
@@ -339,8 +339,8 @@ absl::Status GlooCommunicator::Allgather(void* data,
     opts.setInput(mine.data(), mine.size());
     opts.setOutput(bytes, std::vector<size_t>(lengths.begin(), lengths.end()));
     // Members that disagree on the lengths never match (a timeout).
-    opts.setTag(WireTag(options.tag, total,
-                        static_cast<int>(hash ^ (hash >> 32))));
+    opts.setTag(
+        WireTag(options.tag, total, static_cast<int>(hash ^ (hash >> 32))));
     opts.setTimeout(options.timeout);
     gloo::allgatherv(opts);
   });

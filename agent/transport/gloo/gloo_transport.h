@@ -117,7 +117,7 @@ class GlooCommunicator : public Communicator {
   int size() const override { return size_; }
 
   absl::Status Allreduce(void* data, size_t count, v1::DataType dtype,
-                            const CollectiveOptions& options) override;
+                         const CollectiveOptions& options) override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
   // gloo::allgatherv.

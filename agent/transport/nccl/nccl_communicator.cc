@@ -414,8 +414,8 @@ absl::Status NcclCommunicator::DeviceBroadcast(
 }
 
 absl::Status NcclCommunicator::Allreduce(void* data, size_t count,
-                                            v1::DataType dtype,
-                                            const CollectiveOptions& options) {
+                                         v1::DataType dtype,
+                                         const CollectiveOptions& options) {
   if (local_devices() != 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("allreduce with one buffer on ", Describe(),

@@ -110,7 +110,7 @@ class NcclCommunicator : public DeviceCommunicator {
   void Abort(const absl::Status& status) override ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status Allreduce(void* data, size_t count, v1::DataType dtype,
-                            const CollectiveOptions& options) override;
+                         const CollectiveOptions& options) override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
 

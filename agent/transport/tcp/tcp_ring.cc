@@ -136,9 +136,10 @@ absl::Status TcpRing::HeaderMismatch(const Header& mine, const Header& theirs,
   }
   const auto describe = [](const Header& h) {
     const std::string detail =
-        h.kind == kBroadcast   ? absl::StrCat("root ", h.detail)
-        : h.kind == kAllgather ? absl::StrCat("lengths ", absl::Hex(h.detail))
-                               : absl::StrCat(
+        h.kind == kBroadcast ? absl::StrCat("root ", h.detail)
+        : h.kind == kAllgather
+            ? absl::StrCat("lengths ", absl::Hex(h.detail))
+            : absl::StrCat(
                   "dtype ", h.detail & 0xffffu, ", ",
                   ReduceOpName(static_cast<v1::ReduceOp>(h.detail >> 16)));
     return absl::StrCat(KindName(h.kind), " #", h.seq, " of ", h.bytes,
@@ -470,7 +471,7 @@ absl::Status TcpRing::Run(const Step& step, const Deadline& deadline,
 }
 
 absl::Status TcpRing::Allreduce(void* data, size_t count, v1::DataType dtype,
-                                   const CollectiveOptions& options) {
+                                const CollectiveOptions& options) {
   if (absl::Status valid =
           poison_.CheckAllreduce(data, count, dtype, options, Describe());
       !valid.ok()) {
@@ -585,7 +586,7 @@ absl::Status TcpRing::Broadcast(void* data, size_t bytes, int root,
 }
 
 absl::Status TcpRing::Allgather(void* data, absl::Span<const size_t> lengths,
-                               const CollectiveOptions& options) {
+                                const CollectiveOptions& options) {
   if (absl::Status valid =
           poison_.CheckAllgather(data, lengths, size_, options, Describe());
       !valid.ok()) {
@@ -599,8 +600,8 @@ absl::Status TcpRing::Allgather(void* data, absl::Span<const size_t> lengths,
   }
   const size_t total = offsets.back();
   if (size_ == 1 || total == 0) return absl::OkStatus();
-  const std::string what = absl::StrCat("allgather of ", total, " bytes on ",
-                                        Describe());
+  const std::string what =
+      absl::StrCat("allgather of ", total, " bytes on ", Describe());
   // Sparse steps arrive through it.
   if (scratch_.empty()) scratch_.resize(kSegmentBytes);
   // Every node checks its previous node's header, lengths included.

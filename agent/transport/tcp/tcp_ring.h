@@ -84,7 +84,7 @@ class TcpRing : public Communicator {
   int size() const override { return size_; }
 
   absl::Status Allreduce(void* data, size_t count, v1::DataType dtype,
-                            const CollectiveOptions& options) override;
+                         const CollectiveOptions& options) override;
   absl::Status Broadcast(void* data, size_t bytes, int root,
                          const CollectiveOptions& options) override;
   // N-1 steps, each passing on the chunk received the step before (this

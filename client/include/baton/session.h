@@ -191,8 +191,8 @@ class Session {
   // holds) instead of back into `buffer`. Either way the input is copied
   // before this returns, so `buffer` may be reused at once.
   absl::StatusOr<OperationHandle> PushPullAsync(
-      const std::string& name, const Buffer& buffer, void* output,
-      bool average, v1::ReduceOp op = v1::REDUCE_OP_SUM);
+      const std::string& name, const Buffer& buffer, void* output, bool average,
+      v1::ReduceOp op = v1::REDUCE_OP_SUM);
   // `root_rank`'s `buffer`, written into every rank's `buffer` by
   // Synchronize. Declares `name` as a broadcast tensor on first use.
   absl::StatusOr<OperationHandle> BroadcastAsync(const std::string& name,

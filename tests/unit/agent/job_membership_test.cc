@@ -80,9 +80,7 @@ class JobMembershipTest : public ::testing::Test {
     env_.gpus = &gpus_;
     env_.metrics = metrics_.ForJob("job");
     env_.clock = &clock_;
-    env_.store_factory = [this](const std::string&, int64_t) {
-      return store_;
-    };
+    env_.store_factory = [this](const std::string&, int64_t) { return store_; };
     trainers_ = std::make_unique<JobTrainers>("job", config_, gpus_,
                                               "/baton-job-membership-test.",
                                               /*doorbell=*/nullptr);
@@ -159,7 +157,8 @@ class JobMembershipTest : public ::testing::Test {
       const auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return !posted_.empty();
       };
-      ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&any), absl::Seconds(60)))
+      ASSERT_TRUE(
+          mu_.AwaitWithTimeout(absl::Condition(&any), absl::Seconds(60)))
           << "nothing was posted";
       tasks.swap(posted_);
     }

@@ -28,7 +28,8 @@ struct Fixture {
   OpCompletion completion;
 };
 
-TEST(OpCompletionTest, TheFirstFinishTellsEveryRankOnceAndTheRestChangeNothing) {
+TEST(OpCompletionTest,
+     TheFirstFinishTellsEveryRankOnceAndTheRestChangeNothing) {
   Fixture f;
   const absl::Time t0 = absl::FromUnixSeconds(100);
   EXPECT_TRUE(f.completion.Finish(absl::AbortedError("node n1 was lost"), t0));
@@ -51,7 +52,8 @@ TEST(OpCompletionTest, TheFirstFinishTellsEveryRankOnceAndTheRestChangeNothing) 
   }
 }
 
-TEST(OpCompletionTest, TheDataPlanesSuccessFinishesAndReleasesItsFailureOnlyReleases) {
+TEST(OpCompletionTest,
+     TheDataPlanesSuccessFinishesAndReleasesItsFailureOnlyReleases) {
   Fixture ok;
   ok.completion.Submitted();
   EXPECT_FALSE(ok.completion.released());

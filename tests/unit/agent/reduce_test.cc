@@ -756,9 +756,9 @@ TEST(ReduceIntoTest, ReduceOpAppliesWhereKernelsExist) {
 TEST(ReduceDeathTest, ABitwiseOpOnFloatsIsRefused) {
   float data = 1.0f;
   const void* srcs[] = {&data, &data};
-  EXPECT_DEATH(ReduceInto(v1::REDUCE_OP_BAND, v1::DATA_TYPE_FLOAT32, &data,
-                          srcs, 2, 1),
-               "band does not apply");
+  EXPECT_DEATH(
+      ReduceInto(v1::REDUCE_OP_BAND, v1::DATA_TYPE_FLOAT32, &data, srcs, 2, 1),
+      "band does not apply");
 }
 
 }  // namespace

@@ -5,8 +5,8 @@
 // really reduce the buffers, the real negotiation rounds (TcpRounds) and real
 // gloo for the host stage on loopback, and the real CUDA IPC device memory
 // over the fake.
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -332,8 +332,8 @@ TEST_P(DataPlaneGpuLayoutTest, PushPullMinMaxAndProduct) {
   float factorial = 1;
   for (int r = 1; r <= world(); ++r) factorial *= static_cast<float>(r);
   int64_t step = 0;
-  for (v1::ReduceOp op : {v1::REDUCE_OP_MIN, v1::REDUCE_OP_MAX,
-                          v1::REDUCE_OP_PRODUCT}) {
+  for (v1::ReduceOp op :
+       {v1::REDUCE_OP_MIN, v1::REDUCE_OP_MAX, v1::REDUCE_OP_PRODUCT}) {
     SCOPED_TRACE(ReduceOpName(op));
     WriteInputs();
     RunEverywhere(3, step++, v1::COLLECTIVE_OP_PUSH_PULL, false, -1, op);

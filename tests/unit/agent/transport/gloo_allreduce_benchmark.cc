@@ -63,7 +63,7 @@ TEST(GlooBenchmark, DISABLED_Allreduce64MiB) {
             if (!config.partitioned) {
               ASSERT_TRUE(communicator
                               .Allreduce(data[rank].data(), kCount,
-                                            v1::DATA_TYPE_FLOAT32, collective)
+                                         v1::DATA_TYPE_FLOAT32, collective)
                               .ok());
               return;
             }
@@ -72,8 +72,8 @@ TEST(GlooBenchmark, DISABLED_Allreduce64MiB) {
               ASSERT_TRUE(
                   communicator
                       .Allreduce(data[rank].data() + p * kPartitionCount,
-                                    kPartitionCount, v1::DATA_TYPE_FLOAT32,
-                                    collective)
+                                 kPartitionCount, v1::DATA_TYPE_FLOAT32,
+                                 collective)
                       .ok());
             }
           });

@@ -110,8 +110,8 @@ struct Cluster {
     CollectiveOptions options{std::chrono::milliseconds(10000), 0};
     options.input = input.data();
     options.divisor = divisor;
-    const absl::Status status = communicators[rank][0]->Allreduce(
-        output.data(), count, dtype, options);
+    const absl::Status status =
+        communicators[rank][0]->Allreduce(output.data(), count, dtype, options);
     ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
     EXPECT_EQ(FirstDifference(output, expected), -1) << "node " << rank;
     EXPECT_EQ(FirstDifference(input, original), -1)

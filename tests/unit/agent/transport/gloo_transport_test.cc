@@ -117,18 +117,18 @@ TEST_P(GlooCollectivesTest, EveryReduceOpIsExact) {
   if (size() == Size::kLarge) GTEST_SKIP() << "covered by kOdd";
   Cluster cluster(nodes(), kind());
   ASSERT_TRUE(cluster.Connect());
-  for (v1::ReduceOp op : {v1::REDUCE_OP_MIN, v1::REDUCE_OP_MAX,
-                          v1::REDUCE_OP_PRODUCT, v1::REDUCE_OP_BAND,
-                          v1::REDUCE_OP_BOR, v1::REDUCE_OP_BXOR}) {
+  for (v1::ReduceOp op :
+       {v1::REDUCE_OP_MIN, v1::REDUCE_OP_MAX, v1::REDUCE_OP_PRODUCT,
+        v1::REDUCE_OP_BAND, v1::REDUCE_OP_BOR, v1::REDUCE_OP_BXOR}) {
     for (v1::DataType dtype : kAllTypes) {
       if (!ReduceOpApplies(op, dtype)) continue;
       // Products overflow what half and bfloat16 hold exactly.
-      if (op == v1::REDUCE_OP_PRODUCT && (dtype == v1::DATA_TYPE_FLOAT16 ||
-                                          dtype == v1::DATA_TYPE_BFLOAT16)) {
+      if (op == v1::REDUCE_OP_PRODUCT &&
+          (dtype == v1::DATA_TYPE_FLOAT16 || dtype == v1::DATA_TYPE_BFLOAT16)) {
         continue;
       }
-      SCOPED_TRACE(absl::StrCat(ReduceOpName(op), " ",
-                                v1::DataType_Name(dtype)));
+      SCOPED_TRACE(
+          absl::StrCat(ReduceOpName(op), " ", v1::DataType_Name(dtype)));
       const size_t count = Elements(size(), ElementSize(dtype));
       std::vector<uint8_t> expected(count * ElementSize(dtype));
       for (size_t i = 0; i < count; ++i) {
@@ -194,8 +194,7 @@ TEST_P(GlooCollectivesTest, AllgatherOfUnequalChunks) {
     for (size_t b = 0; b < lengths.back(); ++b) {
       // Zero except near the chunk's ends: whole blocks of zeros between.
       const bool edge = b < 64 || b + 64 >= lengths.back();
-      expected.push_back(edge ? static_cast<uint8_t>(i * 31 + b % 251 + 1)
-                              : 0);
+      expected.push_back(edge ? static_cast<uint8_t>(i * 31 + b % 251 + 1) : 0);
     }
   }
   OnEveryNode(nodes(), [&](int rank) {
@@ -205,7 +204,8 @@ TEST_P(GlooCollectivesTest, AllgatherOfUnequalChunks) {
     std::copy(expected.begin() + offset,
               expected.begin() + offset + lengths[rank], data.begin() + offset);
     const absl::Status status = cluster.communicators[rank][0]->Allgather(
-        data.data(), lengths, CollectiveOptions{std::chrono::milliseconds(10000), 0});
+        data.data(), lengths,
+        CollectiveOptions{std::chrono::milliseconds(10000), 0});
     ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
     EXPECT_EQ(FirstDifference(data, expected), -1) << "node " << rank;
   });
@@ -339,9 +339,9 @@ TEST_P(GlooCommunicatorsTest, ParallelCommunicatorsKeepTheirData) {
           for (size_t i = 0; i < kCount; ++i) {
             data[i] = static_cast<float>((i + salt + rank * 3) % 1000);
           }
-          const absl::Status status = communicator.Allreduce(
-              data.data(), kCount, v1::DATA_TYPE_FLOAT32,
-              CollectiveOptions{kOpTimeout, 0});
+          const absl::Status status =
+              communicator.Allreduce(data.data(), kCount, v1::DATA_TYPE_FLOAT32,
+                                     CollectiveOptions{kOpTimeout, 0});
           ASSERT_TRUE(status.ok()) << status;
           for (size_t i = 0; i < kCount; ++i) {
             float expected = 0;
@@ -405,7 +405,7 @@ TEST_P(GlooFailureTest, PeerThatDestroysItsCommunicatorFailsEveryOtherNode) {
     const auto start = SteadyClock::now();
     const absl::Status status =
         communicator->Allreduce(data.data(), kCount, v1::DATA_TYPE_FLOAT32,
-                                   CollectiveOptions{kOpTimeout, 0});
+                                CollectiveOptions{kOpTimeout, 0});
     EXPECT_LT(Since(start).count(), kFailFast.count())
         << "node " << rank << ": " << status;
     // Node rank 0 reads from the gone node.
@@ -429,7 +429,7 @@ TEST_P(GlooFailureTest, PeerThatDestroysItsCommunicatorFailsEveryOtherNode) {
 
     const absl::Status again =
         communicator->Allreduce(data.data(), kCount, v1::DATA_TYPE_FLOAT32,
-                                   CollectiveOptions{kOpTimeout, 0});
+                                CollectiveOptions{kOpTimeout, 0});
     EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
     EXPECT_THAT(std::string(again.message()),
                 HasSubstr("communicator poisoned by"));
@@ -585,9 +585,9 @@ TEST(TcpRingTest, AbortEndsACollectiveInFlightAtOnce) {
   std::thread waiter([&] {
     std::vector<float> data(1000, 1.0f);
     started.Notify();
-    status = communicator.Allreduce(data.data(), data.size(),
-                                       v1::DATA_TYPE_FLOAT32,
-                                       CollectiveOptions{kOpTimeout, 0});
+    status =
+        communicator.Allreduce(data.data(), data.size(), v1::DATA_TYPE_FLOAT32,
+                               CollectiveOptions{kOpTimeout, 0});
   });
   started.WaitForNotification();
   const auto start = SteadyClock::now();
@@ -717,10 +717,9 @@ TEST(GlooArgumentsTest, InvalidArgumentsDoNotPoison) {
   const CollectiveOptions options{kOpTimeout, 0};
   OnEveryNode(2, [&](int rank) {
     Communicator& communicator = *cluster.communicators[rank][0];
-    EXPECT_EQ(
-        communicator.Allreduce(nullptr, 4, v1::DATA_TYPE_FLOAT32, options)
-            .code(),
-        absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(communicator.Allreduce(nullptr, 4, v1::DATA_TYPE_FLOAT32, options)
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(
         communicator.Allreduce(nullptr, 0, v1::DATA_TYPE_FLOAT32, options)
             .ok());
@@ -735,7 +734,7 @@ TEST(GlooArgumentsTest, InvalidArgumentsDoNotPoison) {
         absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(communicator
                   .Allreduce(&x, 1, v1::DATA_TYPE_FLOAT32,
-                                CollectiveOptions{milliseconds(0), 0})
+                             CollectiveOptions{milliseconds(0), 0})
                   .code(),
               absl::StatusCode::kInvalidArgument);
     const absl::Status root = communicator.Broadcast(&x, sizeof x, 2, options);

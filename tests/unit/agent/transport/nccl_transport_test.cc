@@ -239,7 +239,7 @@ TEST(NcclCommunicatorTest, OneBufferOnANodeOfTwoDevicesIsRefused) {
   Communicator& communicator = cluster.communicator(0);
   const absl::Status allreduce =
       communicator.Allreduce(buffers.pointers()[0], 4, v1::DATA_TYPE_FLOAT32,
-                                CollectiveOptions{kTimeout, 0});
+                             CollectiveOptions{kTimeout, 0});
   EXPECT_EQ(allreduce.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(allreduce.message(),
               HasSubstr("this node drives 2 devices; use DeviceAllreduce"));

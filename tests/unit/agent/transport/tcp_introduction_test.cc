@@ -218,7 +218,7 @@ TEST_P(SharedSecretTest, ConnectsAndCollectivesAreExact) {
         data[i] = static_cast<float>((i + rank) % 7);
       }
       ASSERT_TRUE(ring->Allreduce(data.data(), kCount, v1::DATA_TYPE_FLOAT32,
-                                     CollectiveOptions{kTimeout, 0})
+                                  CollectiveOptions{kTimeout, 0})
                       .ok());
       for (size_t i = 0; i < kCount; ++i) {
         float expected = 0;

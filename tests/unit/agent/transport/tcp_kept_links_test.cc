@@ -98,7 +98,7 @@ void ExpectExactCollectives(std::vector<Node>& nodes,
     for (auto& ring : node.rings) {
       std::vector<float> data(kCount, static_cast<float>(rank + 1));
       ASSERT_TRUE(ring->Allreduce(data.data(), kCount, v1::DATA_TYPE_FLOAT32,
-                                     CollectiveOptions{kTimeout, 0})
+                                  CollectiveOptions{kTimeout, 0})
                       .ok());
       const float sum = static_cast<float>(size * (size + 1) / 2);
       EXPECT_EQ(data.front(), sum) << "rank " << rank;
@@ -129,9 +129,9 @@ void AbortMidCollective(std::vector<Node>& nodes,
       Node& node = nodes[members[rank]];
       std::vector<float> data(kCount, 1.0f);
       started[rank].Notify();
-      statuses[rank] = node.rings[0]->Allreduce(
-          data.data(), kCount, v1::DATA_TYPE_FLOAT32,
-          CollectiveOptions{kTimeout, 0});
+      statuses[rank] =
+          node.rings[0]->Allreduce(data.data(), kCount, v1::DATA_TYPE_FLOAT32,
+                                   CollectiveOptions{kTimeout, 0});
     });
   }
   for (auto& notification : started) notification.WaitForNotification();

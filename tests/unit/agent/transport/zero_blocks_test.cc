@@ -201,8 +201,8 @@ TEST_P(TcpRingZeroBlocksTest, MinAndMaxCountTheZeroBlocks) {
   ASSERT_TRUE(cluster.Connect());
   for (v1::ReduceOp op : {v1::REDUCE_OP_MIN, v1::REDUCE_OP_MAX}) {
     for (v1::DataType dtype : kAllTypes) {
-      SCOPED_TRACE(absl::StrCat(ReduceOpName(op), " ",
-                                v1::DataType_Name(dtype)));
+      SCOPED_TRACE(
+          absl::StrCat(ReduceOpName(op), " ", v1::DataType_Name(dtype)));
       const size_t count = (size_t{1} << 18) / ElementSize(dtype) + 3;
       const size_t element = ElementSize(dtype);
       std::vector<uint8_t> expected(count * element);
@@ -211,7 +211,7 @@ TEST_P(TcpRingZeroBlocksTest, MinAndMaxCountTheZeroBlocks) {
         for (int rank = 0; rank < nodes(); ++rank) {
           const int64_t v =
               Zeroed(rank, i * element / kBlock) ? 0 : Value(rank, i, dtype);
-          best = rank == 0 ? v
+          best = rank == 0                 ? v
                  : op == v1::REDUCE_OP_MIN ? std::min(best, v)
                                            : std::max(best, v);
         }
