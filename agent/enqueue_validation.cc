@@ -74,9 +74,7 @@ absl::Status ValidateEnqueue(const JobTrainers& trainers, int32_t rank,
                        named, " (", v1::DataType_Name(tensor.spec.dtype()),
                        "): the bitwise ops take integer tensors only"));
     }
-    if (tensor.spec.memory() == v1::MEMORY_KIND_CUDA &&
-        (op == v1::REDUCE_OP_BAND || op == v1::REDUCE_OP_BOR ||
-         op == v1::REDUCE_OP_BXOR)) {
+    if (tensor.spec.memory() == v1::MEMORY_KIND_CUDA && IsBitwise(op)) {
       return absl::InvalidArgumentError(
           absl::StrCat("reduce op ", ReduceOpName(op), " on CUDA ", named,
                        ": NCCL has no bitwise reductions; use a host tensor"));

@@ -8,12 +8,15 @@ bool ReduceOpApplies(v1::ReduceOp op, v1::DataType dtype) {
   if (!v1::ReduceOp_IsValid(op) || baton::ElementSize(dtype) == 0) {
     return false;
   }
-  const bool bitwise = op == v1::REDUCE_OP_BAND || op == v1::REDUCE_OP_BOR ||
-                       op == v1::REDUCE_OP_BXOR;
   const bool integer =
       dtype == v1::DATA_TYPE_INT32 || dtype == v1::DATA_TYPE_INT64 ||
       dtype == v1::DATA_TYPE_UINT8 || dtype == v1::DATA_TYPE_INT8;
-  return !bitwise || integer;
+  return !IsBitwise(op) || integer;
+}
+
+bool IsBitwise(v1::ReduceOp op) {
+  return op == v1::REDUCE_OP_BAND || op == v1::REDUCE_OP_BOR ||
+         op == v1::REDUCE_OP_BXOR;
 }
 
 const char* ReduceOpName(v1::ReduceOp op) {

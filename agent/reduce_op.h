@@ -9,6 +9,8 @@ namespace baton::agent {
 // bitwise ops the integer ones. The kernels (reduce.h) exist for exactly
 // these. No kernels here, so that anything may link it.
 bool ReduceOpApplies(v1::ReduceOp op, v1::DataType dtype);
+// BAND, BOR, BXOR: integer dtypes only, and no device transport has them.
+bool IsBitwise(v1::ReduceOp op);
 // "sum", "min", "max", "product", "band", "bor", "bxor"; "unknown" for any
 // other value.
 const char* ReduceOpName(v1::ReduceOp op);

@@ -547,12 +547,18 @@ class Client::Impl {
                                                   int64_t step, bool average,
                                                   v1::ReduceOp op, int32_t root)
       ABSL_LOCKS_EXCLUDED(mu_, write_mu_) {
-    if (!v1::ReduceOp_IsValid(op) || (average && op != v1::REDUCE_OP_SUM)) {
+    if (!v1::ReduceOp_IsValid(op)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "push_pull of tensor \"", tensor.spec().name(), "\": reduce op ",
-          static_cast<int>(op), average ? " with average" : "",
-          " is not one of sum, min, max, product, band, bor, bxor (average "
-          "only with sum)"));
+          static_cast<int>(op),
+          " is not one of REDUCE_OP_SUM (0) .. REDUCE_OP_BXOR (6)"));
+    }
+    if (average && op != v1::REDUCE_OP_SUM) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push_pull of tensor \"", tensor.spec().name(), "\": average with ",
+          v1::ReduceOp_Name(op),
+          "; average applies to a sum only: pass REDUCE_OP_SUM, or average "
+          "= false"));
     }
     auto handle = std::make_shared<Handle>(tensor.index(), step, completions_);
     {

@@ -155,6 +155,12 @@ absl::Status CheckAllgatherArguments(const void* data,
   return absl::OkStatus();
 }
 
+uint32_t LengthsHash(absl::Span<const size_t> lengths) {
+  uint64_t hash = 1469598103934665603ull;
+  for (size_t length : lengths) hash = (hash ^ length) * 1099511628211ull;
+  return static_cast<uint32_t>(hash ^ (hash >> 32));
+}
+
 std::string AllreduceName(v1::ReduceOp op) {
   if (op == v1::REDUCE_OP_SUM) return "allreduce";
   return absl::StrCat("allreduce (", ReduceOpName(op), ")");

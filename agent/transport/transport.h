@@ -143,6 +143,10 @@ absl::Status CheckAllgatherArguments(const void* data,
                                      absl::Span<const size_t> lengths, int size,
                                      const std::string& on);
 
+// Allgather's lengths as its members compare them (TcpRing's header,
+// gloo's tag): FNV-1a folded to 32 bits.
+uint32_t LengthsHash(absl::Span<const size_t> lengths);
+
 // "allreduce" for a sum, "allreduce (max)" etc. otherwise: how errors name
 // an allreduce.
 std::string AllreduceName(v1::ReduceOp op);

@@ -5,7 +5,6 @@ that both the agents' local reduction and the ring between nodes combine."""
 
 import functools
 import sys
-import time
 
 import torch
 
@@ -167,8 +166,11 @@ def test_grouped_allreduce_out_of_place_in_place_and_async():
 
 def test_barrier_waits_for_every_rank():
     bt.barrier()
+    gate = torch.zeros(1)
     if bt.rank() == 0:
-        time.sleep(1.0)
+        # Reaches the barrier only after every other rank's attempt timed
+        # out (they join this push_pull after it): no race on the clock.
+        bt.push_pull(gate, name="barrier.gate")
         bt.barrier()
     else:
         try:
@@ -177,6 +179,7 @@ def test_barrier_waits_for_every_rank():
             pass
         else:
             raise AssertionError("barrier returned while rank 0 had not reached it")
+        bt.push_pull(gate, name="barrier.gate")
         bt.barrier()  # waits for the one still in flight
     for _ in range(3):
         bt.barrier()

@@ -323,11 +323,9 @@ absl::Status GlooCommunicator::Allgather(void* data,
   }
   size_t total = 0;
   size_t offset = 0;
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the lengths
   for (size_t i = 0; i < lengths.size(); ++i) {
     if (static_cast<int>(i) == rank_) offset = total;
     total += lengths[i];
-    hash = (hash ^ lengths[i]) * 1099511628211ull;
   }
   if (total == 0 || size_ == 1) return absl::OkStatus();
   auto* bytes = static_cast<uint8_t*>(data);
@@ -340,7 +338,7 @@ absl::Status GlooCommunicator::Allgather(void* data,
     opts.setOutput(bytes, std::vector<size_t>(lengths.begin(), lengths.end()));
     // Members that disagree on the lengths never match (a timeout).
     opts.setTag(
-        WireTag(options.tag, total, static_cast<int>(hash ^ (hash >> 32))));
+        WireTag(options.tag, total, static_cast<int>(LengthsHash(lengths))));
     opts.setTimeout(options.timeout);
     gloo::allgatherv(opts);
   });

@@ -69,8 +69,6 @@ gpu::NcclRedOp ToNcclOp(DeviceReduceOp op) {
   return gpu::NcclRedOp::kSum;
 }
 
-std::string OpName(DeviceReduceOp op) { return DeviceReduceOpName(op); }
-
 // "1 device" / "2 devices".
 std::string Devices(int count) {
   return absl::StrCat(count, count == 1 ? " device" : " devices");
@@ -355,10 +353,10 @@ absl::Status NcclCommunicator::Reduction(absl::Span<void* const> buffers,
                                          DeviceReduceOp op,
                                          std::optional<int> root,
                                          const CollectiveOptions& options) {
-  const std::string what =
-      absl::StrCat(root.has_value() ? "reduce" : "allreduce", " (", OpName(op),
-                   ") of ", count, " ", DataTypeName(dtype),
-                   root.has_value() ? absl::StrCat(" to rank ", *root) : "");
+  const std::string what = absl::StrCat(
+      root.has_value() ? "reduce" : "allreduce", " (", DeviceReduceOpName(op),
+      ") of ", count, " ", DataTypeName(dtype),
+      root.has_value() ? absl::StrCat(" to rank ", *root) : "");
   if (absl::Status s = CheckCall(what, buffers, root, options); !s.ok()) {
     return s;
   }

@@ -593,10 +593,8 @@ absl::Status TcpRing::Allgather(void* data, absl::Span<const size_t> lengths,
     return valid;
   }
   std::vector<size_t> offsets(lengths.size() + 1, 0);
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the lengths
   for (size_t i = 0; i < lengths.size(); ++i) {
     offsets[i + 1] = offsets[i] + lengths[i];
-    hash = (hash ^ lengths[i]) * 1099511628211ull;
   }
   const size_t total = offsets.back();
   if (size_ == 1 || total == 0) return absl::OkStatus();
@@ -605,8 +603,8 @@ absl::Status TcpRing::Allgather(void* data, absl::Span<const size_t> lengths,
   // Sparse steps arrive through it.
   if (scratch_.empty()) scratch_.resize(kSegmentBytes);
   // Every node checks its previous node's header, lengths included.
-  const Header header = {kMagic, kAllgather, total,
-                         static_cast<uint32_t>(hash ^ (hash >> 32)), seq_++};
+  const Header header = {kMagic, kAllgather, total, LengthsHash(lengths),
+                         seq_++};
   const Deadline deadline(*clock_, absl::FromChrono(options.timeout));
   auto* bytes = static_cast<uint8_t*>(data);
   for (int s = 0; s < size_ - 1; ++s) {

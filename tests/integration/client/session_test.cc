@@ -246,6 +246,8 @@ TEST_F(SessionTest, PushPullTakesEveryReduceOpOverTheRingAndTheStream) {
     const absl::Status both =
         session.PushPull("f", BufferOf(f), true, v1::REDUCE_OP_MAX);
     EXPECT_EQ(both.code(), absl::StatusCode::kInvalidArgument) << both;
+    EXPECT_THAT(std::string(both.message()),
+                HasSubstr("average applies to a sum only"));
     EXPECT_TRUE(
         session.PushPull("f", BufferOf(f), false, v1::REDUCE_OP_MAX).ok());
     EXPECT_EQ(f[0], 1.0f);

@@ -614,11 +614,12 @@ class _Group:
     and the results synchronized so far (a timeout leaves the rest in
     flight)."""
 
-    __slots__ = ("handles", "results")
+    __slots__ = ("handles", "results", "failure")
 
     def __init__(self, handles):
         self.handles = handles
         self.results = []
+        self.failure = None  # the first member's failure, raised at the end
 
 
 def _start_group(tensors, average, name, op, inplace):
@@ -743,27 +744,24 @@ def synchronize(handle, timeout=None):
 
 
 def _synchronize_group(handle, group, timeout):
+    """Synchronizes the members in order; a TimeoutError leaves the group
+    (and a member's failure seen so far) for the next call."""
     deadline = None if timeout is None else time.monotonic() + float(timeout)
-    failure = None
     while len(group.results) < len(group.handles):
         member = group.handles[len(group.results)]
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             group.results.append(synchronize(member, left))
         except TimeoutError:
-            if failure is None:
-                raise
-            # A member failed already: the rest are abandoned, not waited
-            # for beyond the caller's timeout.
-            break
-        except Exception as e:  # noqa: BLE001 - re-raised below
-            if failure is None:
-                failure = e
+            raise
+        except Exception as e:  # noqa: BLE001 - raised once all are done
+            if group.failure is None:
+                group.failure = e
             group.results.append(None)
     with _lock:
         _groups.pop(handle, None)
-    if failure is not None:
-        raise failure
+    if group.failure is not None:
+        raise group.failure
     return list(group.results)
 
 
