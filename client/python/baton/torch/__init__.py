@@ -23,6 +23,8 @@ from baton.torch._core import *  # noqa: F401,F403
 from baton.torch._core import __all__ as _core_all
 from baton.torch.optimizers import DistributedOptimizer, ScheduledOptimizer
 from baton.torch.ddp import DDPCommHookState, ddp_comm_hook
+from baton.torch.compression import Compression
 from baton.torch import elastic  # noqa: F401
 
-__all__ = _core_all + ["DistributedOptimizer", "ScheduledOptimizer", "DDPCommHookState", "ddp_comm_hook"]
+__all__ = _core_all + ["DistributedOptimizer", "ScheduledOptimizer", "DDPCommHookState", "ddp_comm_hook",
+                        "Compression"]

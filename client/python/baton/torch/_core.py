@@ -118,6 +118,9 @@ _drainers = weakref.WeakSet()
 _pending = {}
 # Handles of grouped operations (grouped_allreduce_async) -> _Group.
 _groups = {}
+# Handles of compressed push-pulls -> their compression.CompressedOperation,
+# which wraps the push-pull of the payload and decompresses at synchronize.
+_compressed = {}
 _next_handle = 0
 # Unnamed push-pulls: (memory, dtype, shape) -> slots in use, so that each
 # call in flight gets its own tensor name and names repeat from step to step.
@@ -230,6 +233,7 @@ def _close(drain_timeout, quiet=False):
     with _lock:
         session, _session = _session, None
         _pending.clear()
+        _compressed.clear()
         _unnamed_busy.clear()
         _shared_owners.clear()
     try:
@@ -383,7 +387,7 @@ def _release_unnamed(unnamed_key):
         _unnamed_busy.get(key, set()).discard(slot)
 
 
-def push_pull_async(tensor, average=None, name=None, op=None):
+def push_pull_async(tensor, average=None, name=None, op=None, compression=None):
     """Starts the mean (average None or True) or sum (average=False) of
     `tensor` over all ranks into a new tensor and returns a handle for
     poll() and synchronize(), which returns that new tensor. `tensor` is
@@ -399,22 +403,35 @@ def push_pull_async(tensor, average=None, name=None, op=None):
     flight together are matched by order. The input is copied before this
     returns (a CUDA tensor's on the current stream), so `tensor` may be
     changed at once.
+
+    `compression` (Horovod's and BytePS's compression=: Compression.fp16,
+    .bf16, an instance of Compression.topk(k) or .onebit(), or a Horovod
+    compressor) is what travels instead of the tensor: see
+    baton.torch.compression.
     """
-    return _start_push_pull(tensor, average, name, None, op)
+    return _start_push_pull(tensor, average, name, None, op, compression)
 
 
-def push_pull_async_inplace(tensor, average=None, name=None, op=None):
+def push_pull_async_inplace(tensor, average=None, name=None, op=None, compression=None):
     """push_pull_async whose result goes into `tensor` itself when the
     handle is synchronized (BytePS's push_pull_async_inplace; Horovod's
     allreduce_async_); synchronize() returns `tensor`."""
-    return _start_push_pull(tensor, average, name, tensor, op)
+    return _start_push_pull(tensor, average, name, tensor, op, compression)
 
 
-def _start_push_pull(tensor, average, name, output, op=None):
+def _start_push_pull(tensor, average, name, output, op=None, compression=None):
     """Starts the push-pull of `tensor` into `output`: `tensor` itself, a
     dense tensor shaped and typed like it, or None for a new one. A host
     result is written straight into a dense output (a non-contiguous
     `tensor` is copied back into at synchronize)."""
+    if compression is not None:
+        # compression builds on this module (onebit push-pulls a scale), so
+        # it is imported here, not at the top.
+        from baton.torch import compression as _compression
+
+        handle = _compression.start(tensor, average, name, output, op, compression)
+        if handle is not None:
+            return handle
     session = _require()
     what = "push_pull tensor %r" % (name,) if name else "push_pull tensor"
     dtype = _dtype_of(tensor, what)
@@ -448,10 +465,34 @@ def _start_push_pull(tensor, average, name, output, op=None):
     return _register(operation, result, output if result is not output else None, unnamed_key)
 
 
-def _push_pull_async_to(tensor, output, name):
+def _push_pull_async_to(tensor, output, name, compression=None):
     """Averages `tensor` into `output` (dense, same shape and dtype), leaving
     `tensor` alone; for optimizers whose gradients stay the user's."""
-    return _start_push_pull(tensor, True, name, output)
+    return _start_push_pull(tensor, True, name, output, None, compression)
+
+
+def _register_compressed(operation):
+    """A handle for a compressed push-pull (compression.CompressedOperation)."""
+    global _next_handle
+    with _lock:
+        _next_handle += 1
+        _compressed[_next_handle] = operation
+        return _next_handle
+
+
+def _synchronize_compressed(handle, operation, timeout):
+    """Its result, decompressed; forgotten unless the wait timed out."""
+    try:
+        result = operation.synchronize(timeout)
+    except TimeoutError:
+        raise
+    except BaseException:
+        with _lock:
+            _compressed.pop(handle, None)
+        raise
+    with _lock:
+        _compressed.pop(handle, None)
+    return result
 
 
 def broadcast_async(tensor, root_rank, name):
@@ -622,7 +663,7 @@ class _Group:
         self.failure = None  # the first member's failure, raised at the end
 
 
-def _start_group(tensors, average, name, op, inplace):
+def _start_group(tensors, average, name, op, inplace, compression=None):
     """Starts one push-pull per tensor, after checking them all (nothing
     starts when one is refused here), and returns the group's handle."""
     if not isinstance(tensors, (list, tuple)) or not tensors:
@@ -635,7 +676,7 @@ def _start_group(tensors, average, name, op, inplace):
         for i, tensor in enumerate(tensors):
             member = None if name is None else "%s.%d" % (name, i)
             start = push_pull_async_inplace if inplace else push_pull_async
-            handles.append(start(tensor, average, member, op))
+            handles.append(start(tensor, average, member, op, compression))
     except BaseException:
         # Started ones run on; their results are dropped.
         for handle in handles:
@@ -651,31 +692,31 @@ def _start_group(tensors, average, name, op, inplace):
         return _next_handle
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None):
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, compression=None):
     """Horovod's grouped_allreduce_async: starts the push-pull of every
     tensor in `tensors` (out of place, as push_pull_async) as one group and
     returns one handle; synchronize() returns the list of new tensors, in
     order. `name` names the group (tensor i is "<name>.<i>"); without it,
-    calls are matched by order, as unnamed push_pulls are. `average` and
-    `op` as for push_pull, for every tensor."""
-    return _start_group(tensors, average, name, op, inplace=False)
+    calls are matched by order, as unnamed push_pulls are. `average`, `op`
+    and `compression` as for push_pull, for every tensor."""
+    return _start_group(tensors, average, name, op, inplace=False, compression=compression)
 
 
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None):
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, compression=None):
     """grouped_allreduce_async in place: synchronize() writes each result
     into its tensor and returns `tensors` as a list."""
-    return _start_group(tensors, average, name, op, inplace=True)
+    return _start_group(tensors, average, name, op, inplace=True, compression=compression)
 
 
-def grouped_allreduce(tensors, average=None, name=None, op=None):
+def grouped_allreduce(tensors, average=None, name=None, op=None, compression=None):
     """Horovod's grouped_allreduce: the list of new tensors holding each
     tensor's mean, sum or `op` over all ranks."""
-    return synchronize(grouped_allreduce_async(tensors, average, name, op))
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, compression))
 
 
-def grouped_allreduce_(tensors, average=None, name=None, op=None):
+def grouped_allreduce_(tensors, average=None, name=None, op=None, compression=None):
     """Horovod's grouped_allreduce_: every tensor in place; returns them."""
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op))
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, compression))
 
 
 def barrier(timeout=None):
@@ -700,8 +741,11 @@ def poll(handle):
     """True when the operation finished (synchronize() then returns at once)."""
     with _lock:
         group = _groups.get(handle)
+        compressed = _compressed.get(handle)
     if group is not None:
         return all(poll(h) for h in group.handles[len(group.results) :])
+    if compressed is not None:
+        return compressed.poll()
     return _require().poll(_take(handle).operation)
 
 
@@ -719,8 +763,11 @@ def synchronize(handle, timeout=None):
     before the first failure is raised."""
     with _lock:
         group = _groups.get(handle)
+        compressed = _compressed.get(handle)
     if group is not None:
         return _synchronize_group(handle, group, timeout)
+    if compressed is not None:
+        return _synchronize_compressed(handle, compressed, timeout)
     session = _require()
     pending = _take(handle)
     try:
@@ -773,16 +820,16 @@ def _forget(handle, pending):
     _release_unnamed(pending.unnamed_key)
 
 
-def push_pull(tensor, average=None, name=None, op=None):
+def push_pull(tensor, average=None, name=None, op=None, compression=None):
     """push_pull_async + synchronize: returns a new tensor holding the mean,
     sum or `op` over all ranks; `tensor` is left as it is."""
-    return synchronize(push_pull_async(tensor, average, name, op))
+    return synchronize(push_pull_async(tensor, average, name, op, compression))
 
 
-def push_pull_inplace(tensor, average=None, name=None, op=None):
+def push_pull_inplace(tensor, average=None, name=None, op=None, compression=None):
     """push_pull_async_inplace + synchronize: `tensor` holds the mean, sum
     or `op` over all ranks, and is returned."""
-    return synchronize(push_pull_async_inplace(tensor, average, name, op))
+    return synchronize(push_pull_async_inplace(tensor, average, name, op, compression))
 
 
 def broadcast(tensor, root_rank, name):
@@ -911,7 +958,8 @@ def _abandon_in_flight(timeout):
     running at the deadline."""
     deadline = time.monotonic() + timeout
     with _lock:
-        handles = list(_pending)
+        # Compressed ones first: each synchronizes its own push-pulls.
+        handles = list(_compressed) + list(_pending)
     for handle in handles:
         try:
             synchronize(handle, max(0.0, deadline - time.monotonic()))

@@ -33,6 +33,7 @@ import weakref
 import torch
 
 from baton.torch import _core as _bt
+from baton.torch import compression as _compression
 from baton._baton import BatonError
 
 __all__ = ["DDPCommHookState", "ddp_comm_hook"]
@@ -50,9 +51,12 @@ class DDPCommHookState:
     after baton.torch.init(), on every rank in the same order: it declares
     the model's buckets. Its forward pre-hook on `model.module` declares
     the rebuilt buckets before the first backward pass that uses them.
+    `compression` (baton.torch.compression: Compression.fp16 is DDP's
+    fp16_compress_hook, .bf16 its bf16_compress_hook) is what the buckets
+    travel as.
     """
 
-    def __init__(self, model, name="DDP"):
+    def __init__(self, model, name="DDP", compression=None):
         if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
             raise ValueError(
                 "DDPCommHookState(model): model must be the "
@@ -70,7 +74,9 @@ class DDPCommHookState:
                 "(Reducer._get_zeros_like_grad_buckets), which baton's DDP "
                 "hook needs (torch 1.13 has it)" % torch.__version__
             )
+        _compression.check(compression)
         self.name = name
+        self.compression = compression
         self._model = weakref.ref(model)
         # Bucket index -> _layout_key of the planned layout (declared).
         self._layout = []
@@ -95,8 +101,8 @@ class DDPCommHookState:
             return
         self._layout = layout
         self._layout_number += 1
-        _bt.declare_many(
-            [(self.bucket_name(b.index()), b.buffer()) for b in reversed(buckets)], "push_pull"
+        _compression.declare_many(
+            self.compression, [(self.bucket_name(b.index()), b.buffer()) for b in reversed(buckets)]
         )
 
     def _before_forward(self, module, inputs):
@@ -125,7 +131,7 @@ class DDPCommHookState:
             future = torch.futures.Future(devices=[buffer.device])
         else:
             future = torch.futures.Future()
-        handle = _bt.push_pull_async_inplace(buffer, average=True, name=name)
+        handle = _bt.push_pull_async_inplace(buffer, average=True, name=name, compression=self.compression)
         _completions.add(handle, future, name)
         # A Python future keeps set_exception's error as its value and
         # raises it only in Python; DDP reads it from C++ ("Unable to cast

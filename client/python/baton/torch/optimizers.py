@@ -24,6 +24,7 @@ import warnings
 import torch
 
 from baton.torch import _core as _bt
+from baton.torch import compression as _compression
 
 
 def _gradient_hook_node(p):
@@ -87,7 +88,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # form): it push-pulls the gradients itself, so the hooks stand down.
     _scheduled = False
 
-    def __init__(self, params, named_parameters, backward_passes_per_step, state):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, state):
         super(self.__class__, self).__init__(params)
         self.state = state
         if backward_passes_per_step < 1:
@@ -95,6 +96,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "backward_passes_per_step must be at least 1, not %r" % (backward_passes_per_step,)
             )
         self.backward_passes_per_step = backward_passes_per_step
+        _compression.check(compression)
+        self._compression = compression
         named = _named_optimizer_params(self, named_parameters)
         self._names = {p: "Gradient." + name for name, p in named}
         self._handles = {}
@@ -110,8 +113,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         trained = [(self._names[p], p) for _, p in named if p.requires_grad]
         # First declared = most urgent: the parameters' order is the forward
         # pass's order for models built the usual way.
-        _bt.declare_many(trained)
-        _accumulate_in_shared_memory(trained)
+        _accumulate_in_shared_memory(_compression.declare_many(compression, trained))
         for _, p in trained:
             self._hook(p)
 
@@ -132,9 +134,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 )
             self._delay[p] -= 1
             if self._delay[p] == 0:
-                self._handles[p] = _bt.push_pull_async_inplace(p.grad, average=True, name=self._names[p])
+                self._start(p)
 
         return hook
+
+    def _start(self, p):
+        self._handles[p] = _bt.push_pull_async_inplace(
+            p.grad, average=True, name=self._names[p], compression=self._compression
+        )
 
     def synchronize(self):
         """Waits until the gradient of every parameter that requires grad is
@@ -152,13 +159,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.requires_grad and p not in self._handles:
                     if p not in self._grad_accs:
-                        name = self._names[p]
-                        _bt.declare(name, p)
-                        _accumulate_in_shared_memory([(name, p)])
+                        named = [(self._names[p], p)]
+                        _accumulate_in_shared_memory(_compression.declare_many(self._compression, named))
                         self._hook(p)
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
-                    self._handles[p] = _bt.push_pull_async_inplace(p.grad, average=True, name=self._names[p])
+                    self._start(p)
         handles, self._handles = self._handles, {}
         try:
             for handle in handles.values():
@@ -220,7 +226,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(set_to_none)
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, backward_passes_per_step=1):
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None, backward_passes_per_step=1):
     """Wraps a torch.optim optimizer so that step() uses gradients averaged
     across every rank.
 
@@ -230,14 +236,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, backward_passes_per_s
     instance of the optimizer's own class (LR schedulers and state_dict work
     as usual) sharing its param groups and state. With
     backward_passes_per_step=N, gradients accumulate locally over N backward
-    passes before they are averaged.
+    passes before they are averaged. `compression` (Compression.fp16, ...;
+    None or Compression.none: none) is what the gradients travel as
+    (baton.torch.compression); the arguments are in Horovod's and BytePS's
+    order.
     """
     cls = type(
         optimizer.__class__.__name__,
         (optimizer.__class__,),
         dict(_DistributedOptimizer.__dict__),
     )
-    return cls(optimizer.param_groups, named_parameters, backward_passes_per_step, optimizer.state)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, optimizer.state)
 
 
 def _distributed_names(optimizer):
@@ -329,19 +338,32 @@ class ScheduledOptimizer:
     p.grad keeps this rank's local gradient; the averaged gradient goes
     straight into the update. Create LR schedulers on `optimizer`.
 
+    `compression` (baton.torch.compression) is what the gradients travel
+    as; a wrapped DistributedOptimizer's compression applies when it is
+    not given.
+
     A parameter that requires grad but got no gradient from backward (an
     unused branch) is push-pulled at step(), with zeros where it has no
     .grad, so every rank applies the same update (see the module's doc).
     """
 
-    def __init__(self, model, optimizer, num_steps=10**6):
+    def __init__(self, model, optimizer, num_steps=10**6, compression=None):
         if not isinstance(model, torch.nn.Module):
             raise ValueError("model must be a torch.nn.Module, not %s" % type(model).__name__)
         # BytePS's form (its CrossBarrier wraps a DistributedOptimizer): the
         # gradients go once, through this class's per-parameter push-pulls
-        # under the DistributedOptimizer's names, and updates run its
-        # wrapped optimizer's own step().
+        # under the DistributedOptimizer's names and with its compression,
+        # and updates run its wrapped optimizer's own step().
         distributed = _distributed_names(optimizer)
+        _compression.check(compression)
+        if distributed is not None:
+            wrapped = optimizer._compression
+            if compression is not None and wrapped is not None and compression is not wrapped:
+                raise ValueError(
+                    "ScheduledOptimizer(compression=%r) wraps a DistributedOptimizer "
+                    "with compression=%r: give it to one of them" % (compression, wrapped)
+                )
+            compression = wrapped if compression is None else compression
         self._step_class = type(optimizer).__mro__[1] if distributed is not None else type(optimizer)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(
@@ -354,6 +376,7 @@ class ScheduledOptimizer:
         self.optimizer = optimizer
         self.model = model
         self.num_steps = num_steps
+        self._compression = compression
 
         group_of = {}
         for g, group in enumerate(optimizer.param_groups):
@@ -382,7 +405,7 @@ class ScheduledOptimizer:
                 if p.grad is not None:
                     p.grad = p.grad.detach().clone()
         trained = [s for s in self._slots.values() if s.param.requires_grad]
-        _bt.declare_many([(s.name, s.param) for s in trained])
+        _compression.declare_many(compression, [(s.name, s.param) for s in trained])
         self._cv = threading.Condition()
         self._iteration = 0  # step() calls so far
         self._unreleased = []  # slots pushed in the current iteration
@@ -415,8 +438,11 @@ class ScheduledOptimizer:
         shared result regions, where the update reads them: nothing is
         copied out. p.grad stays the user's (copied in when its push-pull
         starts), because the next iteration's zero_grad() -- the model's
-        too -- runs while the push-pulls are still in flight."""
-        views = _bt._shared_views(slot.name, slot.param)
+        too -- runs while the push-pulls are still in flight. A compressed
+        gradient is decompressed into an ordinary tensor instead."""
+        views = None
+        if not _compression.compresses(self._compression, slot.name, slot.param):
+            views = _bt._shared_views(slot.name, slot.param)
         if views is not None:
             slot.output = views[1]
         else:
@@ -454,7 +480,7 @@ class ScheduledOptimizer:
         once its previous update is applied."""
         if slot.handle is not None:
             self._wait_applied(slot)
-        handle = _bt._push_pull_async_to(gradient, slot.output, slot.name)
+        handle = _bt._push_pull_async_to(gradient, slot.output, slot.name, self._compression)
         slot.gate.clear()
         slot.iteration = self._iteration
         slot.handle = handle
@@ -471,7 +497,7 @@ class ScheduledOptimizer:
             if not slot.param.requires_grad or slot.iteration == self._iteration:
                 continue
             if slot.node is None:
-                _bt.declare(slot.name, slot.param)
+                _compression.declare_many(self._compression, [(slot.name, slot.param)])
                 self._activate(slot)
             grad = slot.param.grad
             self._start(slot, grad if grad is not None else torch.zeros_like(slot.param))
