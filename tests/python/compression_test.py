@@ -63,7 +63,10 @@ def test_the_agents_float32_sum_is_closer_to_float64_than_a_float16_ring():
     mean of every rank's gradient-like values with Compression.fp16/bf16,
     against a float64 reference, and against what a ring that adds in the
     wire's dtype (NCCL's float16 allreduce under Horovod or BytePS) gets
-    from the same rounded inputs."""
+    from the same rounded inputs. With 2 trainers per node the agents round
+    twice (once per node, once between the nodes), the ring three times;
+    with one trainer per node both round at every hop and baton is not
+    ahead."""
     n = 1 << 16
     everyone = [gradient_like(r, n, 2) for r in range(bt.size())]
     reference = sum(x.to(torch.float64) for x in everyone) / bt.size()
