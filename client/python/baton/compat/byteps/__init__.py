@@ -1,0 +1,1 @@
+"""BytePS's APIs on baton: baton.compat.byteps.torch (and its cross_barrier)."""

@@ -1,0 +1,1 @@
+"""Horovod's APIs on baton: baton.compat.horovod.torch."""

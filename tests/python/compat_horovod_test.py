@@ -1,0 +1,299 @@
+"""baton.compat.horovod.torch, called the way Horovod's own PyTorch scripts
+call horovod.torch (examples/pytorch/pytorch_synthetic_benchmark.py, its
+elastic twin, the gradient-clipping pattern), plus its contract: every op
+exact on 2 nodes, Horovod's out-of-place and in-place forms, autograd
+through the collectives, and a clear error for each thing baton does not
+have (Adasum, process sets, join, ...), after which the job goes on."""
+
+import copy
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import baton.compat.horovod.torch as hvd
+from baton.compat import _built
+from harness import run_tests
+
+
+def tiny_convnet():
+    torch.manual_seed(1234 + hvd.rank())  # different on every rank until broadcast
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4, 10),
+    )
+
+
+def batch(step, rank):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g)
+
+
+def averaged_reference(model, lr, steps, momentum=0.9):
+    """One process: each step averages every rank's gradient, then steps
+    SGD, what DistributedOptimizer must give on every rank."""
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=lr, momentum=momentum)
+    for step in range(steps):
+        grads = []
+        for r in range(hvd.size()):
+            reference.zero_grad()
+            data, target = batch(step, r)
+            F.cross_entropy(reference(data), target).backward()
+            grads.append([p.grad.clone() for p in reference.parameters()])
+        for i, p in enumerate(reference.parameters()):
+            p.grad = sum(g[i] for g in grads) / hvd.size()
+        optimizer.step()
+    return reference
+
+
+def assert_close_everywhere(model, reference, rtol):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p, q, rtol=rtol, atol=rtol), (name, (p - q).abs().max())
+        gathered = hvd.allgather(p.detach().reshape(1, -1), name="check." + name)
+        assert torch.equal(gathered[0], gathered[-1]), "ranks differ in " + name
+
+
+def train_synthetic(compression, steps=3, **optimizer_args):
+    """pytorch_synthetic_benchmark.py's lines: SGD at lr x size,
+    DistributedOptimizer(named_parameters, compression, op=Average),
+    broadcast_parameters(state_dict), broadcast_optimizer_state."""
+    model = tiny_convnet()
+    lr = 0.01 * hvd.size()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), compression=compression, op=hvd.Average, **optimizer_args
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    start = copy.deepcopy(model)
+    for step in range(steps):
+        optimizer.zero_grad()
+        data, target = batch(step, hvd.rank())
+        F.cross_entropy(model(data), target).backward()
+        optimizer.step()
+    return model, averaged_reference(start, lr, steps)
+
+
+def test_synthetic_benchmark_without_and_with_fp16():
+    model, reference = train_synthetic(hvd.Compression.none)
+    assert_close_everywhere(model, reference, 1e-6)
+    model, reference = train_synthetic(hvd.Compression.fp16)
+    assert_close_everywhere(model, reference, 2e-3)
+
+
+def test_gradient_predivide_factor_divides_before_and_multiplies_after():
+    model, reference = train_synthetic(hvd.Compression.none, gradient_predivide_factor=4.0)
+    assert_close_everywhere(model, reference, 1e-6)
+
+
+def test_synchronize_clip_and_skip_synchronize():
+    model = tiny_convnet()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    start = copy.deepcopy(model)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    data, target = batch(0, hvd.rank())
+    F.cross_entropy(model(data), target).backward()
+    optimizer.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    with optimizer.skip_synchronize():
+        optimizer.step()
+    reference = averaged_reference(start, 0.0, 1, momentum=0.0)
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.01)
+    for p, q, r in zip(model.parameters(), start.parameters(), reference.parameters()):
+        want = q - 0.1 * r.grad
+        assert torch.allclose(p, want, atol=1e-6), (p - want).abs().max()
+
+
+def test_sparse_gradients_are_averaged_dense():
+    torch.manual_seed(7)
+    embedding = torch.nn.Embedding(6, 3, sparse=True)
+    start = embedding.weight.detach().clone()
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(embedding.parameters(), lr=1.0),
+        named_parameters=embedding.named_parameters(),
+        sparse_as_dense=True,
+    )
+    embedding(torch.tensor([hvd.rank(), 5])).sum().backward()
+    optimizer.step()
+    want = start.clone()
+    for r in range(hvd.size()):
+        want[r] -= 1.0 / hvd.size()
+    want[5] -= 1.0
+    assert torch.allclose(embedding.weight, want, atol=1e-6), embedding.weight
+
+
+def rank_values(rank, n=5):
+    return (torch.arange(n, dtype=torch.float32) * (rank + 2)) % 7 - 3
+
+
+def test_every_op_exact_out_of_place_and_in_place():
+    everyone = torch.stack([rank_values(r) for r in range(hvd.size())])
+    want = {
+        None: everyone.sum(0) / hvd.size(),
+        hvd.Average: everyone.sum(0) / hvd.size(),
+        hvd.Sum: everyone.sum(0),
+        hvd.Min: everyone.min(0).values,
+        hvd.Max: everyone.max(0).values,
+        hvd.Product: everyone.prod(0),
+    }
+    for op, expected in want.items():
+        t = rank_values(hvd.rank())
+        out = hvd.allreduce(t, name="hvd.op", op=op)
+        assert torch.equal(out, expected) and out is not t, (op, out, expected)
+        assert torch.equal(t, rank_values(hvd.rank())), "allreduce changed its input"
+        assert hvd.allreduce_(t, name="hvd.op", op=op) is t and torch.equal(t, expected), (op, t)
+        h = hvd.allreduce_async(rank_values(hvd.rank()), name="hvd.op", op=op)
+        assert torch.equal(hvd.synchronize(h), expected), op
+        t = rank_values(hvd.rank())
+        h = hvd.allreduce_async_(t, name="hvd.op", op=op)
+        assert hvd.synchronize(h) is t and torch.equal(t, expected), op
+    # The deprecated average= spelling: False is the sum.
+    assert torch.equal(hvd.allreduce(rank_values(hvd.rank()), average=False), want[hvd.Sum])
+    # Horovod's scaling: prescale before the sum, postscale after it.
+    out = hvd.allreduce(rank_values(hvd.rank()), op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
+    assert torch.equal(out, want[hvd.Sum]), out
+    t = rank_values(hvd.rank())
+    hvd.synchronize(hvd.allreduce_async_(t, op=hvd.Sum, prescale_factor=3.0))
+    assert torch.equal(t, 3 * want[hvd.Sum]), t
+
+
+def test_grouped_allreduce_all_forms():
+    tensors = [rank_values(hvd.rank(), n) for n in (3, 4, 5)]
+    wants = [sum(rank_values(r, n) for r in range(hvd.size())) for n in (3, 4, 5)]
+    outs = hvd.grouped_allreduce(tensors, name="hvd.group", op=hvd.Sum)
+    assert all(torch.equal(o, w) for o, w in zip(outs, wants)), outs
+    outs = hvd.synchronize(hvd.grouped_allreduce_async(tensors, name="hvd.group", op=hvd.Sum))
+    assert all(torch.equal(o, w) for o, w in zip(outs, wants)), outs
+    hvd.grouped_allreduce_(tensors, name="hvd.group", op=hvd.Sum)
+    assert all(torch.equal(t, w) for t, w in zip(tensors, wants)), tensors
+
+
+def test_allgather_ragged_and_objects():
+    t = torch.full((hvd.rank() + 1, 2), float(hvd.rank()))
+    want = torch.cat([torch.full((r + 1, 2), float(r)) for r in range(hvd.size())])
+    assert torch.equal(hvd.allgather(t, name="hvd.gather"), want)
+    assert torch.equal(hvd.synchronize(hvd.allgather_async(t, name="hvd.gather")), want)
+    objects = hvd.allgather_object({"rank": hvd.rank()})
+    assert objects == [{"rank": r} for r in range(hvd.size())], objects
+
+
+def test_broadcast_new_tensor_in_place_unnamed_and_objects():
+    root = hvd.size() - 1
+    t = torch.full((3,), float(hvd.rank()))
+    out = hvd.broadcast(t, root, name="hvd.bcast")
+    assert torch.equal(out, torch.full((3,), float(root))) and torch.equal(t, torch.full((3,), float(hvd.rank())))
+    out = hvd.synchronize(hvd.broadcast_async(t, root))
+    assert torch.equal(out, torch.full((3,), float(root))) and torch.equal(t, torch.full((3,), float(hvd.rank())))
+    assert hvd.broadcast_(t, root) is t and torch.equal(t, torch.full((3,), float(root)))
+    t = torch.full((2, 2), float(hvd.rank()), dtype=torch.float64)
+    hvd.synchronize(hvd.broadcast_async_(t, 0, name="hvd.bcast2"))
+    assert torch.equal(t, torch.zeros(2, 2, dtype=torch.float64)), t
+    assert hvd.broadcast_object({"epoch": 3 + hvd.rank()}, root_rank=0) == {"epoch": 3}
+    hvd.barrier()
+
+
+def test_collectives_are_differentiable():
+    x = torch.full((3,), float(hvd.rank() + 1), requires_grad=True)
+    hvd.allreduce(x, op=hvd.Sum).sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), float(hvd.size()))), x.grad
+    x = torch.ones(2, requires_grad=True)
+    (hvd.broadcast(x, 0, name="hvd.grad.bcast") * 3).sum().backward()
+    want = 3.0 * hvd.size() if hvd.rank() == 0 else 0.0
+    assert torch.equal(x.grad, torch.full((2,), want)), x.grad
+    x = torch.ones(hvd.rank() + 1, requires_grad=True)
+    gathered = hvd.allgather(x, name="hvd.grad.gather")
+    (gathered * torch.arange(1.0, gathered.numel() + 1)).sum().backward()
+    offset = sum(r + 1 for r in range(hvd.rank()))
+    assert torch.equal(x.grad, torch.arange(1.0, gathered.numel() + 1)[offset : offset + hvd.rank() + 1]), x.grad
+
+
+def expect_not_supported(call, text):
+    try:
+        call()
+    except hvd.NotSupportedError as e:
+        assert isinstance(e, ValueError) and isinstance(e, NotImplementedError), type(e)
+        assert text in str(e) and "not supported by baton" in str(e), str(e)
+    else:
+        raise AssertionError("accepted: " + text)
+
+
+def test_what_baton_lacks_raises_a_clear_error_and_the_job_goes_on():
+    t = torch.ones(2)
+    params = [torch.nn.Parameter(torch.ones(2))]
+    expect_not_supported(lambda: hvd.allreduce(t, op=hvd.Adasum), "Adasum")
+    expect_not_supported(lambda: hvd.DistributedOptimizer(torch.optim.SGD(params, lr=1), op=hvd.Adasum), "Adasum")
+    expect_not_supported(lambda: hvd.DistributedOptimizer(torch.optim.SGD(params, lr=1), op=hvd.Sum), "op=")
+    subset = hvd.ProcessSet([0])
+    expect_not_supported(lambda: hvd.allreduce(t, process_set=subset), "process sets")
+    expect_not_supported(lambda: hvd.add_process_set(subset), "process sets")
+    expect_not_supported(lambda: hvd.init(process_sets=[subset]), "process sets")
+    expect_not_supported(lambda: hvd.init(comm=[0, 1]), "comm")
+    expect_not_supported(hvd.join, "hvd.join")
+    expect_not_supported(lambda: hvd.alltoall(t), "alltoall")
+    expect_not_supported(lambda: hvd.reducescatter(t), "reducescatter")
+    expect_not_supported(lambda: hvd.start_timeline("/tmp/t.json"), "batonctl timeline")
+    expect_not_supported(lambda: hvd.elastic.ElasticSampler(range(4)), "ElasticSampler")
+    try:
+        hvd.allreduce(t, average=True, op=hvd.Sum)
+    except ValueError as e:
+        assert "not both" in str(e), str(e)
+    else:
+        raise AssertionError("average and op together were accepted")
+    assert hvd.global_process_set.size() == hvd.size() and hvd.global_process_set.rank() == hvd.rank()
+    assert torch.equal(hvd.allreduce(t, op=hvd.Sum, process_set=hvd.global_process_set), t * hvd.size())
+
+
+def test_built_and_enabled_say_what_baton_is():
+    assert not hvd.mpi_built() and not hvd.mpi_enabled() and not hvd.mpi_threads_supported()
+    assert hvd.gloo_built() and not hvd.gloo_enabled()
+    assert hvd.nccl_built() == _built.NCCL_VERSION_CODE and hvd.cuda_built() == (_built.NCCL_VERSION_CODE != 0)
+    assert not hvd.rocm_built() and not hvd.ddl_built() and not hvd.ccl_built()
+    assert hvd.is_initialized() and hvd.cross_size() * hvd.local_size() == hvd.size()
+    assert hvd.cross_rank() == hvd.rank() // hvd.local_size()
+
+
+def test_elastic_example_surface():
+    """The elastic synthetic benchmark's lines: TorchState(model, optimizer,
+    fields), a reset callback, @hvd.elastic.run with commits."""
+    model = tiny_convnet()
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
+        named_parameters=model.named_parameters(),
+        compression=hvd.Compression.none,
+        op=hvd.Average,
+    )
+    resets = []
+    state = hvd.elastic.TorchState(model, optimizer, img_secs=[], iter=0, batch=0, warm=False)
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    @hvd.elastic.run
+    def run_benchmark(state):
+        if not state.warm:
+            state.warm = True
+            state.commit()
+        for x in range(state.iter, 3):
+            optimizer.zero_grad()
+            data, target = batch(x, hvd.rank())
+            F.cross_entropy(model(data), target).backward()
+            optimizer.step()
+            state.img_secs.append(float(x))
+            state.iter = x
+            state.commit()
+            state.check_host_updates()
+        return "done"
+
+    assert run_benchmark(state) == "done" and state.img_secs == [0.0, 1.0, 2.0] and state.warm
+    assert resets == [], "no re-form happened, so no reset callback"
+    for name, p in model.named_parameters():
+        gathered = hvd.allgather(p.detach().reshape(1, -1), name="elastic.check." + name)
+        assert torch.equal(gathered[0], gathered[-1]), name
+
+
+if __name__ == "__main__":
+    sys.exit(run_tests(globals()))
