@@ -7,7 +7,11 @@
 //
 // With --runs > 0 it is instead baton's side of tools/bench/collectives: the
 // --ops on --bytes, measured as tools/bench/collectives/measurement.h says;
-// rank 0 prints one row per op.
+// rank 0 prints one row per op. --api=client (system "baton") writes the
+// input and reads the result in the tensor's shared memory, nothing copied:
+// what the agents' collectives cost. --api=session (system "session") goes
+// through baton::Session with buffers of its own, as a Horovod-style caller
+// does: the same plus copying the input in and the result out.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "baton/client.h"
+#include "baton/session.h"
 #include "gflags/gflags.h"
 #include "tools/bench/collectives/measurement.h"
 #include "tools/bench/timings.h"
@@ -29,7 +34,11 @@ DEFINE_int32(runs, 0,
              "--iterations each");
 DEFINE_string(ops, "allreduce",
               "with --runs: comma-separated allreduce (push_pull, sum), "
-              "broadcast (from rank 0); without: the one op to time");
+              "broadcast (from rank 0), allgather, reducescatter (sum); "
+              "without: allreduce or broadcast, the one op to time");
+DEFINE_string(api, "client",
+              "with --runs: client (the tensors' shared memory, no copies) or "
+              "session (baton::Session on buffers of the caller's)");
 DEFINE_int32(linger_ms, 0,
              "stay attached this long after the timed push_pulls, so that "
              "batonctl timeline can still read the job from the agents");
@@ -66,10 +75,28 @@ class BatonRank : public bench::CollectiveRank {
     std::vector<v1::TensorSpec> specs(1);
     specs[0].set_name(bench::CollectiveOpName(op));
     specs[0].set_dtype(v1::DATA_TYPE_FLOAT32);
-    specs[0].add_shape(elements);
-    specs[0].set_op(op == bench::CollectiveOp::kAllreduce
-                        ? v1::COLLECTIVE_OP_PUSH_PULL
-                        : v1::COLLECTIVE_OP_BROADCAST);
+    // Allgather and reduce-scatter tensors are stacked by rank: [ranks,
+    // one rank's part] (baton/session.h).
+    switch (op) {
+      case bench::CollectiveOp::kAllreduce:
+        specs[0].add_shape(elements);
+        specs[0].set_op(v1::COLLECTIVE_OP_PUSH_PULL);
+        break;
+      case bench::CollectiveOp::kBroadcast:
+        specs[0].add_shape(elements);
+        specs[0].set_op(v1::COLLECTIVE_OP_BROADCAST);
+        break;
+      case bench::CollectiveOp::kAllgather:
+        specs[0].add_shape(size());
+        specs[0].add_shape(elements);
+        specs[0].set_op(v1::COLLECTIVE_OP_ALLGATHER);
+        break;
+      case bench::CollectiveOp::kReduceScatter:
+        specs[0].add_shape(size());
+        specs[0].add_shape(elements / size());
+        specs[0].set_op(v1::COLLECTIVE_OP_REDUCE_SCATTER);
+        break;
+    }
     if (control_ == nullptr) {
       specs.emplace_back();
       specs[1].set_name("control");
@@ -90,11 +117,18 @@ class BatonRank : public bench::CollectiveRank {
     return reinterpret_cast<float*>(tensor_->input());
   }
 
+  // A reduce-scatter tensor is enqueued like a push-pull.
   bool Run() override {
-    return Finished(bench::CollectiveOpName(op_),
-                    op_ == bench::CollectiveOp::kAllreduce
-                        ? client_.PushPullAsync(*tensor_, step_++, false)
-                        : client_.BroadcastAsync(*tensor_, step_++, 0));
+    const int64_t step = step_++;
+    switch (op_) {
+      case bench::CollectiveOp::kBroadcast:
+        return Finished("broadcast", client_.BroadcastAsync(*tensor_, step, 0));
+      case bench::CollectiveOp::kAllgather:
+        return Finished("allgather", client_.AllgatherAsync(*tensor_, step));
+      default:
+        return Finished(bench::CollectiveOpName(op_),
+                        client_.PushPullAsync(*tensor_, step, false));
+    }
   }
 
   const float* Result() const override {
@@ -129,6 +163,110 @@ class BatonRank : public bench::CollectiveRank {
   int64_t step_ = 0;
 };
 
+// The same through baton::Session, on this trainer's own buffers: every
+// Run copies the input into shared memory and the result out of it, as
+// Session does for a Horovod-style caller. Each op's tensor is declared on
+// first use (in the warm-up), by its name.
+class SessionRank : public bench::CollectiveRank {
+ public:
+  explicit SessionRank(Session& session) : session_(session) {}
+
+  int rank() const override { return session_.rank(); }
+  int size() const override { return session_.size(); }
+
+  float* Prepare(bench::CollectiveOp op, int64_t elements) override {
+    op_ = op;
+    input_.assign(elements, 0.0f);
+    output_.clear();
+    if (op != bench::CollectiveOp::kBroadcast) {
+      output_.assign(bench::ResultElements(op, elements, size()), 0.0f);
+    }
+    return input_.data();
+  }
+
+  bool Run() override {
+    const std::string name = bench::CollectiveOpName(op_);
+    const Buffer input{input_.data(),
+                       v1::DATA_TYPE_FLOAT32,
+                       {static_cast<int64_t>(input_.size())}};
+    absl::StatusOr<OperationHandle> handle;
+    switch (op_) {
+      case bench::CollectiveOp::kAllreduce:
+        handle = session_.PushPullAsync(name, input, output_.data(), false);
+        break;
+      case bench::CollectiveOp::kBroadcast:
+        handle = session_.BroadcastAsync(name, input, 0);
+        break;
+      case bench::CollectiveOp::kAllgather:
+        handle = session_.AllgatherAsync(name, input, output_.data());
+        break;
+      case bench::CollectiveOp::kReduceScatter:
+        handle =
+            session_.ReduceScatterAsync(name, input, output_.data(), false);
+        break;
+    }
+    return Reported(name, handle.ok()
+                              ? session_.Synchronize(*handle, kOperationTimeout)
+                              : handle.status());
+  }
+
+  // A broadcast leaves the result in the input buffer.
+  const float* Result() const override {
+    return op_ == bench::CollectiveOp::kBroadcast ? input_.data()
+                                                  : output_.data();
+  }
+
+  bool Barrier() override {
+    double ignored = 0;
+    return Max(0, &ignored);
+  }
+
+  bool Max(double value, double* max) override {
+    std::vector<double> values(size(), 0.0);
+    values[rank()] = value;
+    const Buffer control{values.data(), v1::DATA_TYPE_FLOAT64, {size()}};
+    if (!Reported("control", session_.PushPull("control", control, false))) {
+      return false;
+    }
+    *max = *std::max_element(values.begin(), values.end());
+    return true;
+  }
+
+ private:
+  static bool Reported(const std::string& what, const absl::Status& status) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "agent_allreduce: %s: %s\n", what.c_str(),
+                   std::string(status.message()).c_str());
+    }
+    return status.ok();
+  }
+
+  Session& session_;
+  bench::CollectiveOp op_ = bench::CollectiveOp::kAllreduce;
+  std::vector<float> input_;
+  // The result, but for a broadcast (in place in input_).
+  std::vector<float> output_;
+};
+
+// baton's side of tools/bench/collectives through Session; shuts the session
+// down on success.
+int MeasureThroughSession() {
+  auto session = Session::Init();
+  if (!session.ok()) {
+    std::fprintf(stderr, "agent_allreduce: %s\n",
+                 std::string(session.status().message()).c_str());
+    return 2;
+  }
+  SessionRank rank(**session);
+  if (!bench::MeasureCollectives(
+          "session", rank, FLAGS_ops, FLAGS_bytes,
+          {FLAGS_warmup, FLAGS_iterations, FLAGS_runs})) {
+    return 4;
+  }
+  (*session)->Shutdown().IgnoreError();
+  return 0;
+}
+
 // baton's side of tools/bench/collectives; detaches (finished) on success.
 int MeasureCollectives(Client& client) {
   BatonRank rank(client);
@@ -142,6 +280,12 @@ int MeasureCollectives(Client& client) {
 }
 
 int Main() {
+  if (FLAGS_runs > 0 && FLAGS_api != "client") {
+    if (FLAGS_api == "session") return MeasureThroughSession();
+    std::fprintf(stderr, "agent_allreduce: --api=%s: give client or session\n",
+                 FLAGS_api.c_str());
+    return 2;
+  }
   auto options = ClientOptions::FromEnvironment();
   if (!options.ok()) {
     std::fprintf(stderr, "agent_allreduce: %s\n",

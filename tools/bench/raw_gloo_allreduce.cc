@@ -6,9 +6,12 @@
 // of timings (tools/bench/timings.h).
 //
 // With --runs > 0 it is instead raw gloo's side of tools/bench/collectives:
-// the --ops (gloo::allreduce in place as above, gloo::broadcast from rank 0,
-// what torch's ProcessGroupGloo calls) on --bytes, measured as
-// tools/bench/collectives/measurement.h says; rank 0 prints one row per op.
+// the --ops on --bytes, measured as tools/bench/collectives/measurement.h
+// says; rank 0 prints one row per op. allreduce: gloo::allreduce in place as
+// above; broadcast: gloo::broadcast from rank 0; allgather: gloo::allgather
+// (ring) into a separate output (what torch's ProcessGroupGloo calls for
+// all three); reducescatter: gloo::ReduceScatterHalvingDoubling (sum, in
+// place), the only reduce-scatter libgloo has (torch 1.13 calls none).
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -17,13 +20,16 @@
 #include <vector>
 
 #include "gflags/gflags.h"
+#include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
 #include "gloo/math.h"
+#include "gloo/reduce_scatter.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/file_store.h"
+#include "gloo/rendezvous/prefix_store.h"
 #include "gloo/transport/tcp/device.h"
 #include "tools/bench/collectives/measurement.h"
 #include "tools/bench/timings.h"
@@ -41,45 +47,88 @@ DEFINE_int32(runs, 0,
              "--iterations each");
 DEFINE_string(ops, "allreduce",
               "with --runs: comma-separated allreduce (sum), broadcast (from "
-              "rank 0)");
+              "rank 0), allgather, reducescatter (sum)");
 
 namespace baton::bench {
 namespace {
 
 using ReduceFunction = void (*)(void*, const void*, const void*, size_t);
 
-// One rank on one gloo context: in-place collectives on one buffer.
+// One rank on one gloo context: allreduce and broadcast in place on one
+// buffer, allgather into a second one. The reduce-scatter, an algorithm
+// object of gloo's older API, runs on a context of its own: running such an
+// algorithm on a context slows the newer collectives on it 50-100x
+// (docs/benchmarks.md, "Allgather and reduce-scatter").
 class GlooRank : public CollectiveRank {
  public:
-  explicit GlooRank(std::shared_ptr<gloo::Context> context)
-      : context_(std::move(context)) {}
+  GlooRank(std::shared_ptr<gloo::Context> context,
+           gloo::rendezvous::Store& store,
+           std::shared_ptr<gloo::transport::Device> device)
+      : context_(std::move(context)),
+        store_(store),
+        device_(std::move(device)) {}
 
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
 
   float* Prepare(CollectiveOp op, int64_t elements) override {
     op_ = op;
+    reduce_scatter_.reset();
     buffer_.assign(elements, 0.0f);
+    output_.clear();
+    if (op == CollectiveOp::kAllgather) {
+      output_.assign(ResultElements(op, elements, size()), 0.0f);
+    }
+    if (op == CollectiveOp::kReduceScatter &&
+        !Catching("reducescatter setup", [&] {
+          const std::vector<int> parts(
+              size(), static_cast<int>(ResultElements(op, elements, size())));
+          reduce_scatter_ =
+              std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
+                  ReduceScatterContext(), std::vector<float*>{buffer_.data()},
+                  static_cast<int>(elements), parts);
+        })) {
+      return nullptr;
+    }
     return buffer_.data();
   }
 
   bool Run() override {
     return Catching(CollectiveOpName(op_), [&] {
-      if (op_ == CollectiveOp::kAllreduce) {
-        gloo::AllreduceOptions opts(context_);
-        opts.setOutput(buffer_.data(), buffer_.size());
-        opts.setReduceFunction(static_cast<ReduceFunction>(&gloo::sum<float>));
-        gloo::allreduce(opts);
-      } else {
-        gloo::BroadcastOptions opts(context_);
-        opts.setOutput(buffer_.data(), buffer_.size());
-        opts.setRoot(0);
-        gloo::broadcast(opts);
+      switch (op_) {
+        case CollectiveOp::kAllreduce: {
+          gloo::AllreduceOptions opts(context_);
+          opts.setOutput(buffer_.data(), buffer_.size());
+          opts.setReduceFunction(
+              static_cast<ReduceFunction>(&gloo::sum<float>));
+          gloo::allreduce(opts);
+          break;
+        }
+        case CollectiveOp::kBroadcast: {
+          gloo::BroadcastOptions opts(context_);
+          opts.setOutput(buffer_.data(), buffer_.size());
+          opts.setRoot(0);
+          gloo::broadcast(opts);
+          break;
+        }
+        case CollectiveOp::kAllgather: {
+          gloo::AllgatherOptions opts(context_);
+          opts.setInput(buffer_.data(), buffer_.size());
+          opts.setOutput(output_.data(), output_.size());
+          gloo::allgather(opts);
+          break;
+        }
+        case CollectiveOp::kReduceScatter:
+          reduce_scatter_->run();
+          break;
       }
     });
   }
 
-  const float* Result() const override { return buffer_.data(); }
+  // The reduce-scatter leaves this rank's part at the buffer's start.
+  const float* Result() const override {
+    return op_ == CollectiveOp::kAllgather ? output_.data() : buffer_.data();
+  }
 
   bool Barrier() override {
     return Catching("barrier", [&] {
@@ -111,9 +160,29 @@ class GlooRank : public CollectiveRank {
     }
   }
 
+  // The context of the older API's algorithms, connected on first use (all
+  // ranks prepare the same ops in the same order).
+  std::shared_ptr<gloo::Context> ReduceScatterContext() {
+    if (reduce_scatter_context_ == nullptr) {
+      gloo::rendezvous::PrefixStore prefixed("reducescatter", store_);
+      auto context =
+          std::make_shared<gloo::rendezvous::Context>(rank(), size());
+      context->connectFullMesh(prefixed, device_);
+      reduce_scatter_context_ = std::move(context);
+    }
+    return reduce_scatter_context_;
+  }
+
   const std::shared_ptr<gloo::Context> context_;
+  gloo::rendezvous::Store& store_;
+  // Not const: connectFullMesh takes it by non-const reference.
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> reduce_scatter_context_;
   CollectiveOp op_ = CollectiveOp::kAllreduce;
   std::vector<float> buffer_;
+  // The allgather's result.
+  std::vector<float> output_;
+  std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>> reduce_scatter_;
 };
 
 }  // namespace
@@ -129,7 +198,7 @@ int main(int argc, char** argv) {
       std::make_shared<gloo::rendezvous::Context>(FLAGS_rank, FLAGS_ranks);
   context->connectFullMesh(store, device);
   if (FLAGS_runs > 0) {
-    baton::bench::GlooRank rank(context);
+    baton::bench::GlooRank rank(context, store, device);
     return baton::bench::MeasureCollectives(
                "gloo", rank, FLAGS_ops, FLAGS_bytes,
                {FLAGS_warmup, FLAGS_iterations, FLAGS_runs})

@@ -19,9 +19,10 @@ import subprocess
 import sys
 from collections import defaultdict
 
-SYSTEMS = ["baton", "gloo", "mpi", "torch"]
+SYSTEMS = ["baton", "session", "gloo", "mpi", "torch"]
 SYSTEM_NAMES = {
     "baton": "baton (agents)",
+    "session": "baton (Session, copies)",
     "gloo": "raw gloo",
     "mpi": "OpenMPI",
     "torch": "torch.distributed (gloo)",
@@ -102,7 +103,8 @@ def collectives_section(out, plots):
     runs = {}
     for r in rows:
         groups[(r["op"], r["nodes"], r["bytes"])][r["system"]] = r
-        runs[r["system"]] = r.get("runs", 1)
+        if "unavailable" not in r:
+            runs[r["system"]] = r.get("runs", 1)
     text = []
     for op in sorted({k[0] for k in groups}):
         for nodes in sorted({k[1] for k in groups if k[0] == op}):
@@ -118,17 +120,22 @@ def collectives_section(out, plots):
                 cells = [size_text(size)]
                 for s in present:
                     r = g.get(s)
-                    cells.append("%s / %.3f" % (time_text(r["median_s"]), r["busbw_gbps"]) if r else "-")
+                    if r and "unavailable" in r:
+                        cells.append("n/a")
+                    else:
+                        cells.append("%s / %.3f" % (time_text(r["median_s"]), r["busbw_gbps"]) if r else "-")
                 for s in present:
                     if s == "baton":
                         continue
                     b, o = g.get("baton"), g.get(s)
                     cells.append("**%.2f**" % (b["busbw_gbps"] / o["busbw_gbps"])
-                                 if b and o and o["busbw_gbps"] > 0 else "-")
+                                 if b and o and o.get("busbw_gbps", 0) > 0 else "-")
                 text.append("| " + " | ".join(cells) + " |")
             text.append("")
     spread = ", ".join("%s %d" % (SYSTEM_NAMES[s], runs[s]) for s in SYSTEMS if s in runs)
     text.append("Runs per row (the median is shown; min and max are in collectives.jsonl): %s.\n" % spread)
+    for system, op, why in sorted({(r["system"], r["op"], r["unavailable"]) for r in rows if "unavailable" in r}):
+        text.append("n/a: %s has no %s (%s).\n" % (SYSTEM_NAMES[system], op, why))
     if plots:
         text.append(plot_collectives(groups, plots))
     return "\n".join(text)
@@ -149,7 +156,7 @@ def plot_collectives(groups, plots):
         fig, axes = plt.subplots(1, len(node_counts), figsize=(5 * len(node_counts), 3.8), squeeze=False)
         for ax, nodes in zip(axes[0], node_counts):
             for s in SYSTEMS:
-                points = sorted((k[2], g[s]["busbw_gbps"]) for k, g in groups.items() if k[:2] == (op, nodes) and s in g)
+                points = sorted((k[2], g[s]["busbw_gbps"]) for k, g in groups.items() if k[:2] == (op, nodes) and "busbw_gbps" in g.get(s, {}))
                 if points:
                     ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=SYSTEM_NAMES[s])
             ax.set_xscale("log", base=2)

@@ -43,13 +43,26 @@ inline void PrintTimings(const char* path, int64_t bytes, int ranks,
   std::fflush(stdout);
 }
 
+// busbw / algbw of tools/bench/collectives' `op` on `nodes` ranks, where
+// algbw = bytes / time and bytes is the op's size as
+// tools/bench/collectives/measurement.h defines it: the bytes each rank's
+// link carries, as nccl-tests counts them. An allreduce 2(n-1)/n, a
+// broadcast 1; an allgather n-1 (nccl-tests: the gathered n x bytes times
+// (n-1)/n); a reduce-scatter of the whole tensor (n-1)/n.
+inline double CollectiveBusFactor(std::string_view op, int nodes) {
+  if (nodes < 2) return 1.0;
+  if (op == "allreduce") return 2.0 * (nodes - 1) / nodes;
+  if (op == "allgather") return nodes - 1.0;
+  if (op == "reducescatter") return (nodes - 1.0) / nodes;
+  return 1.0;
+}
+
 // Prints one row of tools/bench/collectives (JSON, one line): the time per
-// iteration of `op` ("allreduce" or "broadcast") of `bytes` on `nodes` ranks
-// of `system`, over runs of `iterations` each (`run_seconds`: total / I per
-// run, not empty): the median and, for the spread, min and max. Bandwidths
-// are those of the median in GB/s (1e9 bytes/s), as nccl-tests defines them:
-// algbw = bytes / time; busbw = algbw x 2(n-1)/n for an allreduce, = algbw
-// for a broadcast.
+// iteration of `op` of `bytes` on `nodes` ranks of `system`, over runs of
+// `iterations` each (`run_seconds`: total / I per run, not empty): the
+// median and, for the spread, min and max. Bandwidths are those of the
+// median in GB/s (1e9 bytes/s): algbw = bytes / time, busbw = algbw x
+// CollectiveBusFactor.
 inline void PrintCollectiveRow(const char* system, const char* op, int nodes,
                                int64_t bytes, int iterations,
                                std::vector<double> run_seconds) {
@@ -60,9 +73,7 @@ inline void PrintCollectiveRow(const char* system, const char* op, int nodes,
                             : (run_seconds[n / 2 - 1] + run_seconds[n / 2]) / 2;
   const double algbw_gbps =
       median > 0 ? static_cast<double>(bytes) / median / 1e9 : 0;
-  const bool allreduce = std::string_view(op) == "allreduce";
-  const double factor =
-      allreduce && nodes > 1 ? 2.0 * (nodes - 1) / nodes : 1.0;
+  const double factor = CollectiveBusFactor(op, nodes);
   std::printf(
       "{\"bench\":\"collectives\",\"system\":\"%s\",\"op\":\"%s\","
       "\"nodes\":%d,\"bytes\":%" PRId64

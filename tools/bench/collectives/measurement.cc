@@ -13,47 +13,53 @@
 namespace baton::bench {
 namespace {
 
-// The checked iteration's values, scale x (1 + (i + run) mod period) at
-// element i: small integers, exact in float32 for any sum over a few ranks,
-// and shifted by the run so that a result left over from the previous run
-// does not pass.
+// The checked iteration's values, scale x (1 + (i + phase + run) mod period)
+// at element i: small integers, exact in float32 for any sum over a few
+// ranks, and shifted by the run so that a result left over from the previous
+// run does not pass.
 struct Pattern {
   float scale;
   int period;
+  // Where in the period the first element is: a reduce-scatter's part r
+  // starts r parts into the whole tensor's pattern.
+  int64_t phase = 0;
 };
 
+// Every op but broadcast reduces or gathers (rank + 1) x the same pattern.
+constexpr int kPeriod = 13;
+constexpr int kBroadcastPeriod = 251;
+
 Pattern InputPattern(CollectiveOp op, int rank) {
-  if (op == CollectiveOp::kAllreduce) return {static_cast<float>(rank + 1), 13};
-  return rank == 0 ? Pattern{1, 251} : Pattern{-1, 1};
+  if (op != CollectiveOp::kBroadcast) {
+    return {static_cast<float>(rank + 1), kPeriod};
+  }
+  return rank == 0 ? Pattern{1, kBroadcastPeriod} : Pattern{-1, 1};
 }
 
-Pattern ExpectedPattern(CollectiveOp op, int ranks) {
-  if (op == CollectiveOp::kAllreduce) {
-    return {static_cast<float>(ranks * (ranks + 1) / 2), 13};
-  }
-  return {1, 251};
-}
+// What `ranks`' inputs of `elements` reduce to (allreduce, reduce-scatter).
+float RankSum(int ranks) { return static_cast<float>(ranks * (ranks + 1) / 2); }
 
 void FillPattern(Pattern pattern, int run, float* data, int64_t elements) {
-  int k = run % pattern.period;
+  int k = static_cast<int>((pattern.phase + run) % pattern.period);
   for (int64_t i = 0; i < elements; ++i) {
     data[i] = pattern.scale * static_cast<float>(1 + k);
     if (++k == pattern.period) k = 0;
   }
 }
 
-bool CheckResult(const char* system, CollectiveOp op, const CollectiveRank& r,
-                 int run, const float* result, int64_t elements) {
-  if (result == nullptr) return true;
-  const Pattern expected = ExpectedPattern(op, r.size());
-  int k = run % expected.period;
-  for (int64_t i = 0; i < elements; ++i) {
+// Whether `count` elements of this rank's result from `first` on hold
+// `expected`; prints the first wrong one.
+bool CheckPart(const char* system, CollectiveOp op, const CollectiveRank& r,
+               int run, Pattern expected, const float* result, int64_t first,
+               int64_t count, int64_t elements) {
+  int k = static_cast<int>((expected.phase + run) % expected.period);
+  for (int64_t i = first; i < first + count; ++i) {
     const float value = expected.scale * static_cast<float>(1 + k);
     if (result[i] != value) {
       std::fprintf(stderr,
                    "collectives: %s %s of %" PRId64
-                   " floats over %d ranks is WRONG: rank %d element %" PRId64
-                   " is %g, expected %g (run %d)\n",
+                   " floats over %d ranks is WRONG: rank %d result element "
+                   "%" PRId64 " is %g, expected %g (run %d)\n",
                    system, CollectiveOpName(op), elements, r.size(), r.rank(),
                    i, result[i], value, run);
       return false;
@@ -63,6 +69,39 @@ bool CheckResult(const char* system, CollectiveOp op, const CollectiveRank& r,
   return true;
 }
 
+bool CheckResult(const char* system, CollectiveOp op, const CollectiveRank& r,
+                 int run, const float* result, int64_t elements) {
+  if (result == nullptr) return true;
+  const int ranks = r.size();
+  switch (op) {
+    case CollectiveOp::kAllreduce:
+      return CheckPart(system, op, r, run, {RankSum(ranks), kPeriod}, result, 0,
+                       elements, elements);
+    case CollectiveOp::kBroadcast:
+      return CheckPart(system, op, r, run, {1, kBroadcastPeriod}, result, 0,
+                       elements, elements);
+    case CollectiveOp::kAllgather:
+      for (int part = 0; part < ranks; ++part) {
+        if (!CheckPart(system, op, r, run, InputPattern(op, part), result,
+                       part * elements, elements, elements)) {
+          return false;
+        }
+      }
+      return true;
+    case CollectiveOp::kReduceScatter: {
+      const int64_t part = elements / ranks;
+      return CheckPart(system, op, r, run,
+                       {RankSum(ranks), kPeriod, r.rank() * part}, result, 0,
+                       part, elements);
+    }
+  }
+  return false;
+}
+
+constexpr CollectiveOp kOps[] = {
+    CollectiveOp::kAllreduce, CollectiveOp::kBroadcast,
+    CollectiveOp::kAllgather, CollectiveOp::kReduceScatter};
+
 // A comma-separated list of op names; false (and a message on stderr) for
 // an unknown one or an empty list.
 bool ParseCollectiveOps(const std::string& text,
@@ -71,13 +110,17 @@ bool ParseCollectiveOps(const std::string& text,
   std::stringstream stream(text);
   std::string name;
   while (std::getline(stream, name, ',')) {
-    if (name == "allreduce") {
-      ops->push_back(CollectiveOp::kAllreduce);
-    } else if (name == "broadcast") {
-      ops->push_back(CollectiveOp::kBroadcast);
-    } else {
+    bool known = false;
+    for (CollectiveOp op : kOps) {
+      if (name == CollectiveOpName(op)) {
+        ops->push_back(op);
+        known = true;
+      }
+    }
+    if (!known) {
       std::fprintf(stderr,
-                   "collectives: unknown op \"%s\" (allreduce, broadcast)\n",
+                   "collectives: unknown op \"%s\" (allreduce, broadcast, "
+                   "allgather, reducescatter)\n",
                    name.c_str());
       return false;
     }
@@ -102,6 +145,13 @@ bool MeasureCollective(const char* system, CollectiveRank& rank,
     return false;
   }
   const int64_t elements = bytes / 4;
+  if (op == CollectiveOp::kReduceScatter && elements % rank.size() != 0) {
+    std::fprintf(stderr,
+                 "collectives: a reducescatter of %" PRId64
+                 " floats does not split into %d equal parts\n",
+                 elements, rank.size());
+    return false;
+  }
   float* input = rank.Prepare(op, elements);
   if (input == nullptr) return false;
   std::fill_n(input, elements, 0.0f);
@@ -138,7 +188,28 @@ bool MeasureCollective(const char* system, CollectiveRank& rank,
 }  // namespace
 
 const char* CollectiveOpName(CollectiveOp op) {
-  return op == CollectiveOp::kAllreduce ? "allreduce" : "broadcast";
+  switch (op) {
+    case CollectiveOp::kAllreduce:
+      return "allreduce";
+    case CollectiveOp::kBroadcast:
+      return "broadcast";
+    case CollectiveOp::kAllgather:
+      return "allgather";
+    case CollectiveOp::kReduceScatter:
+      return "reducescatter";
+  }
+  return "?";
+}
+
+int64_t ResultElements(CollectiveOp op, int64_t elements, int ranks) {
+  switch (op) {
+    case CollectiveOp::kAllgather:
+      return elements * ranks;
+    case CollectiveOp::kReduceScatter:
+      return elements / ranks;
+    default:
+      return elements;
+  }
 }
 
 bool MeasureCollectives(const char* system, CollectiveRank& rank,

@@ -10,16 +10,27 @@
 // rank- and run-dependent pattern is checked on every rank (the timed
 // iterations run on zeros: an in-place allreduce would otherwise grow the
 // values every iteration). Rank 0 prints the row (tools/bench/timings.h).
+//
+// The size of an op (`bytes`, what the rows call bytes) is what every rank
+// gives as its input:
+//   allreduce      the tensor; each rank gets the sum
+//   broadcast      the tensor; rank 0's reaches every rank
+//   allgather      one rank's part; each rank gets size() parts, in rank order
+//   reducescatter  the whole tensor (a multiple of size() elements); rank r
+//                  gets the sum of part r, 1/size() of it
 
 #include <cstdint>
 #include <string>
 
 namespace baton::bench {
 
-enum class CollectiveOp { kAllreduce, kBroadcast };
+enum class CollectiveOp { kAllreduce, kBroadcast, kAllgather, kReduceScatter };
 
-// "allreduce" or "broadcast".
+// "allreduce", "broadcast", "allgather" or "reducescatter".
 const char* CollectiveOpName(CollectiveOp op);
+
+// Elements of the result of `op` on an input of `elements` over `ranks`.
+int64_t ResultElements(CollectiveOp op, int64_t elements, int ranks);
 
 // One rank of a system under test. Every method but rank(), size() and
 // Result() is collective: all ranks call it in the same order. A method that
@@ -31,14 +42,17 @@ class CollectiveRank {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // Sets up the float32 buffers for `op` on `elements` and returns the one
-  // this rank writes its input to (the root's data for a broadcast), or
-  // nullptr on failure. Invalidates earlier buffers.
+  // Sets up the float32 buffers for `op` on an input of `elements` (the
+  // op's size, above) and returns the one this rank writes its input to
+  // (the root's data for a broadcast), or nullptr on failure. Invalidates
+  // earlier buffers.
   virtual float* Prepare(CollectiveOp op, int64_t elements) = 0;
-  // Runs the prepared op once: a sum allreduce, or a broadcast from rank 0.
+  // Runs the prepared op once: a sum allreduce, a broadcast from rank 0, an
+  // allgather, or a sum reduce-scatter.
   virtual bool Run() = 0;
-  // Where the last Run left this rank's result; nullptr where the system
-  // keeps none on this rank (baton's broadcast root reads its own input).
+  // Where the last Run left this rank's result (ResultElements of it);
+  // nullptr where the system keeps none on this rank (baton's broadcast root
+  // reads its own input).
   virtual const float* Result() const = 0;
 
   virtual bool Barrier() = 0;
@@ -53,7 +67,8 @@ struct MeasurementOptions {
 };
 
 // Measures each of `ops` (comma-separated op names) on `bytes` (a positive
-// multiple of 4) in turn, as described above; rank 0 prints a row per op.
+// multiple of 4; for a reduce-scatter, of 4 x size()) in turn, as described
+// above; rank 0 prints a row per op.
 // False when the arguments are wrong, a collective failed or a check found a
 // wrong result: stderr says which (the first wrong element).
 bool MeasureCollectives(const char* system, CollectiveRank& rank,

@@ -1,5 +1,6 @@
 // OpenMPI's side of tools/bench/collectives: MPI_Allreduce (sum, float32,
-// out of place) and MPI_Bcast (from rank 0) of --bytes on MPI_COMM_WORLD,
+// out of place), MPI_Bcast (from rank 0), MPI_Allgather and
+// MPI_Reduce_scatter_block (sum, out of place) of --bytes on MPI_COMM_WORLD,
 // measured as tools/bench/collectives/measurement.h says; rank 0 prints one
 // row per op. Started by mpirun; which transport it uses is mpirun's choice
 // (tools/bench/collectives/run pins TCP on loopback).
@@ -17,7 +18,8 @@ DEFINE_int32(iterations, 10, "timed collectives per run");
 DEFINE_int32(warmup, 2, "untimed collectives first");
 DEFINE_int32(runs, 1, "runs of --iterations each");
 DEFINE_string(ops, "allreduce,broadcast",
-              "comma-separated allreduce (sum), broadcast (from rank 0)");
+              "comma-separated allreduce (sum), broadcast (from rank 0), "
+              "allgather, reducescatter (sum)");
 
 namespace baton::bench {
 namespace {
@@ -42,27 +44,39 @@ class MpiRank : public CollectiveRank {
     }
     op_ = op;
     input_.assign(elements, 0.0f);
-    if (op == CollectiveOp::kAllreduce) {
-      output_.assign(elements, 0.0f);
-    } else {
+    if (op == CollectiveOp::kBroadcast) {
       output_.clear();
+    } else {
+      output_.assign(ResultElements(op, elements, size_), 0.0f);
     }
     return input_.data();
   }
 
   bool Run() override {
     const int count = static_cast<int>(input_.size());
-    if (op_ == CollectiveOp::kAllreduce) {
-      MPI_Allreduce(input_.data(), output_.data(), count, MPI_FLOAT, MPI_SUM,
-                    MPI_COMM_WORLD);
-    } else {
-      MPI_Bcast(input_.data(), count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    switch (op_) {
+      case CollectiveOp::kAllreduce:
+        MPI_Allreduce(input_.data(), output_.data(), count, MPI_FLOAT, MPI_SUM,
+                      MPI_COMM_WORLD);
+        break;
+      case CollectiveOp::kBroadcast:
+        MPI_Bcast(input_.data(), count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        break;
+      case CollectiveOp::kAllgather:
+        MPI_Allgather(input_.data(), count, MPI_FLOAT, output_.data(), count,
+                      MPI_FLOAT, MPI_COMM_WORLD);
+        break;
+      case CollectiveOp::kReduceScatter:
+        MPI_Reduce_scatter_block(input_.data(), output_.data(),
+                                 static_cast<int>(output_.size()), MPI_FLOAT,
+                                 MPI_SUM, MPI_COMM_WORLD);
+        break;
     }
     return true;
   }
 
   const float* Result() const override {
-    return op_ == CollectiveOp::kAllreduce ? output_.data() : input_.data();
+    return op_ == CollectiveOp::kBroadcast ? input_.data() : output_.data();
   }
 
   bool Barrier() override {
@@ -80,7 +94,7 @@ class MpiRank : public CollectiveRank {
   int size_ = 1;
   CollectiveOp op_ = CollectiveOp::kAllreduce;
   std::vector<float> input_;
-  // The allreduce's receive buffer; a broadcast works in place on input_.
+  // The receive buffer; a broadcast works in place on input_.
   std::vector<float> output_;
 };
 

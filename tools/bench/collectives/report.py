@@ -8,7 +8,8 @@ max for the spread, and the bandwidths of the median (nccl-tests'
 definitions, GB/s = 1e9 bytes/s). Prints per (op, nodes, size) each system's
 time and busbw and baton's busbw over each other system's (the inverse ratio
 of the times; > 1: baton is faster), then the goal check: baton >= 0.9x raw gloo and ahead of
-torch.distributed from 1 MiB up.
+torch.distributed from 1 MiB up. A system that lacks an op (its program
+printed a row with "unavailable") gets a row saying so, and "n/a" in the table.
 """
 
 import argparse
@@ -16,17 +17,26 @@ import json
 import statistics
 import sys
 
-SYSTEMS = ("baton", "gloo", "mpi", "torch")
+SYSTEMS = ("baton", "session", "gloo", "mpi", "torch")
 GOAL_FROM_BYTES = 1 << 20
 
 
 def busbw_factor(op, nodes):
-    return 2.0 * (nodes - 1) / nodes if op == "allreduce" and nodes > 1 else 1.0
+    """busbw / algbw, as tools/bench/timings.h's CollectiveBusFactor."""
+    if nodes < 2:
+        return 1.0
+    return {"allreduce": 2.0 * (nodes - 1) / nodes, "allgather": nodes - 1.0,
+            "reducescatter": (nodes - 1.0) / nodes}.get(op, 1.0)
 
 
 def aggregate(run_rows):
     groups = {}
+    unavailable = {}
     for row in run_rows:
+        if "unavailable" in row:
+            key = (row["system"], row["op"], row["nodes"], row["bytes"])
+            unavailable[key] = dict(row, runs=unavailable.get(key, {}).get("runs", 0) + 1)
+            continue
         key = (row["system"], row["op"], row["nodes"], row["bytes"])
         groups.setdefault(key, []).append(row)
     rows = []
@@ -45,7 +55,7 @@ def aggregate(run_rows):
             "algbw_gbps": float(f"{algbw:.6g}"),
             "busbw_gbps": float(f"{algbw * busbw_factor(op, nodes):.6g}"),
         })
-    return rows
+    return rows + [unavailable[key] for key in sorted(unavailable)]
 
 
 def size_text(size):
@@ -65,6 +75,7 @@ def time_text(seconds):
 
 def table(rows, systems, skipped):
     by_key = {(r["system"], r["op"], r["nodes"], r["bytes"]): r for r in rows}
+    measured = {k: r for k, r in by_key.items() if "unavailable" not in r}
     cases = sorted({(r["op"], r["nodes"], r["bytes"]) for r in rows})
     others = [s for s in systems if s != "baton"]
     lines = [
@@ -77,23 +88,30 @@ def table(rows, systems, skipped):
         cells = [op, str(nodes), size_text(size)]
         for s in systems:
             r = by_key.get((s, op, nodes, size))
-            cells += ([time_text(r["median_s"]), f"{r['busbw_gbps']:.3g} GB/s"]
-                      if r else ["-", "-"])
-        baton = by_key.get(("baton", op, nodes, size))
+            if r and "unavailable" in r:
+                cells += ["n/a", "n/a"]
+            else:
+                cells += ([time_text(r["median_s"]), f"{r['busbw_gbps']:.3g} GB/s"]
+                          if r else ["-", "-"])
+        baton = measured.get(("baton", op, nodes, size))
         for s in others:
-            r = by_key.get((s, op, nodes, size))
+            r = measured.get((s, op, nodes, size))
             cells.append(f"{r['median_s'] / baton['median_s']:.2f}"
                          if baton and r else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    if skipped:
+    missing = sorted({(r["system"], r["op"], r["unavailable"]) for r in rows
+                      if "unavailable" in r})
+    if skipped or missing:
         lines.append("")
-        lines += [f"skipped: {line}" for line in skipped]
+    lines += [f"skipped: {line}" for line in skipped]
+    lines += [f"n/a: {system} has no {op} ({why})" for system, op, why in missing]
     return "\n".join(lines)
 
 
 def goal(rows):
     """The goal statement's two ratios at >= 1 MiB, worst case first."""
-    by_key = {(r["system"], r["op"], r["nodes"], r["bytes"]): r for r in rows}
+    by_key = {(r["system"], r["op"], r["nodes"], r["bytes"]): r for r in rows
+              if "unavailable" not in r}
     out = []
     for other, bound, want in (("gloo", 0.9, ">= 0.9"), ("torch", 1.0, "> 1")):
         ratios = []

@@ -3,12 +3,17 @@
 
 Started once per rank by tools/bench/collectives/run (Debian's python3-torch
 works only under /usr/bin/python3). The ranks meet through a FileStore and
-measure the --ops on --bytes as tools/bench/collectives/measurement.h says:
-warm-up, then per run a barrier, --iterations timed in-place collectives
-(dist.all_reduce, sum; dist.broadcast from rank 0) on zeros, the slowest
-rank's total / iterations, and one untimed collective on the same checked
-pattern as the C++ programs. Rank 0 prints one JSON row per op
-(tools/bench/timings.h's PrintCollectiveRow, same fields and rounding).
+measure the --ops on --bytes as tools/bench/collectives/measurement.h says
+(and with its sizes: an allgather's --bytes is one rank's part, a
+reduce-scatter's the whole tensor): warm-up, then per run a barrier,
+--iterations timed collectives (dist.all_reduce, sum, and dist.broadcast from
+rank 0, in place; dist.all_gather into one tensor's rank-ordered views;
+dist.reduce_scatter, sum) on zeros, the slowest rank's total / iterations,
+and one untimed collective on the same checked pattern as the C++ programs.
+Rank 0 prints one JSON row per op (tools/bench/timings.h's
+PrintCollectiveRow, same fields and rounding). An op this torch's gloo
+backend does not have (reduce_scatter in torch 1.13) gets a row with
+"unavailable": torch's error, instead of times.
 """
 
 import argparse
@@ -22,69 +27,118 @@ import time
 import torch
 import torch.distributed as dist
 
+from report import busbw_factor
+
+OPS = ("allreduce", "broadcast", "allgather", "reducescatter")
+
 
 def pattern(op, rank, size, run, elements):
     """(this rank's input, the expected result) of the checked iteration.
 
     Built in place on int32 to stay near 3x the tensor per rank at 256 MiB.
     """
-    value = torch.arange(elements, dtype=torch.int32)
-    value.add_(run).remainder_(13 if op == "allreduce" else 251).add_(1)
-    value = value.to(torch.float32)
+    def periodic(count, period, phase=0):
+        value = torch.arange(count, dtype=torch.int32)
+        return value.add_(run + phase).remainder_(period).add_(1).to(torch.float32)
+
+    if op == "broadcast":
+        value = periodic(elements, 251)
+        return (value if rank == 0 else torch.full_like(value, -1.0)), value
+    value = periodic(elements, 13)
+    rank_sum = size * (size + 1) // 2
     if op == "allreduce":
-        return value * (rank + 1), value.mul_(size * (size + 1) // 2)
-    return (value if rank == 0 else torch.full_like(value, -1.0)), value
+        return value * (rank + 1), value.mul_(rank_sum)
+    if op == "allgather":
+        return value * (rank + 1), torch.cat([value * (r + 1) for r in range(size)])
+    part = elements // size
+    return value.mul_(rank + 1), periodic(part, 13, rank * part).mul_(rank_sum)
 
 
-def run_op(op, tensor):
-    if op == "allreduce":
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    else:
-        dist.broadcast(tensor, src=0)
+class Collective:
+    """One op's buffers: `input` is what a rank writes, `result()` what it reads."""
+
+    def __init__(self, op, elements, size):
+        self.op = op
+        self.input = torch.zeros(elements, dtype=torch.float32)
+        if op == "allgather":
+            self.output = torch.zeros(elements * size, dtype=torch.float32)
+            self.outputs = list(self.output.view(size, elements).unbind(0))
+        elif op == "reducescatter":
+            self.output = torch.zeros(elements // size, dtype=torch.float32)
+            self.inputs = list(self.input.view(size, elements // size).unbind(0))
+
+    def run(self):
+        if self.op == "allreduce":
+            dist.all_reduce(self.input, op=dist.ReduceOp.SUM)
+        elif self.op == "broadcast":
+            dist.broadcast(self.input, src=0)
+        elif self.op == "allgather":
+            dist.all_gather(self.outputs, self.input)
+        else:
+            dist.reduce_scatter(self.output, self.inputs, op=dist.ReduceOp.SUM)
+
+    def result(self):
+        return self.input if self.op in ("allreduce", "broadcast") else self.output
+
+
+def print_row(row):
+    print(json.dumps(dict({"bench": "collectives", "system": "torch"}, **row),
+                     separators=(",", ":")), flush=True)
 
 
 def measure(op, elements, args):
     rank, size = dist.get_rank(), dist.get_world_size()
-    tensor = torch.zeros(elements, dtype=torch.float32)
-    for _ in range(args.warmup):
-        run_op(op, tensor)
+    collective = Collective(op, elements, size)
+    try:
+        collective.run()
+    except RuntimeError as e:
+        # Raised on every rank before any data moves (torch 1.13's gloo:
+        # "ProcessGroupGloo does not support reduce_scatter").
+        if "does not support" not in str(e):
+            raise
+        if rank == 0:
+            print_row({"op": op, "nodes": size, "bytes": args.bytes,
+                       "unavailable": str(e).splitlines()[0]})
+        return
+    for _ in range(args.warmup - 1):
+        collective.run()
     run_seconds = []
     for run in range(args.runs):
         dist.barrier()
         start = time.perf_counter()
         for _ in range(args.iterations):
-            run_op(op, tensor)
+            collective.run()
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         run_seconds.append(elapsed.item() / args.iterations)
 
         data, expected = pattern(op, rank, size, run, elements)
-        tensor.copy_(data)
+        collective.input.copy_(data)
         del data
-        run_op(op, tensor)
-        wrong = (tensor != expected).nonzero()
+        collective.run()
+        result = collective.result()
+        wrong = (result != expected).nonzero()
         if wrong.numel() > 0:
             first = wrong[0].item()
             sys.exit(
                 f"collectives: torch {op} of {elements} floats over {size} ranks "
-                f"is WRONG: rank {rank} element {first} is "
-                f"{tensor[first].item():g}, expected {expected[first].item():g} "
+                f"is WRONG: rank {rank} result element {first} is "
+                f"{result[first].item():g}, expected {expected[first].item():g} "
                 f"(run {run})")
         del expected
-        tensor.zero_()
+        collective.input.zero_()
     if rank == 0:
         median = statistics.median(run_seconds)
         algbw = args.bytes / median / 1e9 if median > 0 else 0.0
-        factor = 2.0 * (size - 1) / size if op == "allreduce" and size > 1 else 1.0
-        print(json.dumps({
-            "bench": "collectives", "system": "torch", "op": op, "nodes": size,
-            "bytes": args.bytes, "iterations": args.iterations,
+        print_row({
+            "op": op, "nodes": size, "bytes": args.bytes,
+            "iterations": args.iterations,
             "runs": len(run_seconds), "median_s": float(f"{median:.9g}"),
             "min_s": float(f"{min(run_seconds):.9g}"),
             "max_s": float(f"{max(run_seconds):.9g}"),
             "algbw_gbps": float(f"{algbw:.6g}"),
-            "busbw_gbps": float(f"{algbw * factor:.6g}"),
-        }, separators=(",", ":")), flush=True)
+            "busbw_gbps": float(f"{algbw * busbw_factor(op, size):.6g}"),
+        })
 
 
 def main():
@@ -100,11 +154,15 @@ def main():
     parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args()
     ops = args.ops.split(",")
-    if any(op not in ("allreduce", "broadcast") for op in ops):
-        parser.error(f"--ops {args.ops}: give allreduce and/or broadcast")
-    if args.bytes <= 0 or args.bytes % 4 or args.iterations < 1 or args.runs < 1:
+    if any(op not in OPS for op in ops):
+        parser.error(f"--ops {args.ops}: give some of {', '.join(OPS)}")
+    if (args.bytes <= 0 or args.bytes % 4 or args.iterations < 1 or args.runs < 1
+            or args.warmup < 1):
         parser.error("--bytes must be a positive multiple of 4, "
-                     "--iterations and --runs positive")
+                     "--iterations, --runs and --warmup positive")
+    if "reducescatter" in ops and (args.bytes // 4) % args.nodes:
+        parser.error(f"--bytes {args.bytes}: a reducescatter needs a multiple "
+                     f"of {args.nodes} floats")
 
     # Loopback TCP, like the other systems (gloo reads this variable).
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
