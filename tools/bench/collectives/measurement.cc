@@ -25,6 +25,9 @@ struct Pattern {
   int64_t phase = 0;
 };
 
+// What the timed iterations run on (measurement.h: not zero).
+constexpr float kTimedValue = 1.0f;
+
 // Every op but broadcast reduces or gathers (rank + 1) x the same pattern.
 constexpr int kPeriod = 13;
 constexpr int kBroadcastPeriod = 251;
@@ -154,7 +157,7 @@ bool MeasureCollective(const char* system, CollectiveRank& rank,
   }
   float* input = rank.Prepare(op, elements);
   if (input == nullptr) return false;
-  std::fill_n(input, elements, 0.0f);
+  std::fill_n(input, elements, kTimedValue);
   for (int i = 0; i < options.warmup; ++i) {
     if (!rank.Run()) return false;
   }
@@ -176,7 +179,7 @@ bool MeasureCollective(const char* system, CollectiveRank& rank,
         !CheckResult(system, op, rank, run, rank.Result(), elements)) {
       return false;
     }
-    std::fill_n(input, elements, 0.0f);
+    std::fill_n(input, elements, kTimedValue);
   }
   if (rank.rank() == 0) {
     PrintCollectiveRow(system, CollectiveOpName(op), rank.size(), bytes,

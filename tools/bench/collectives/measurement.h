@@ -7,9 +7,12 @@
 // Per op: `warmup` untimed iterations; then each run is a barrier,
 // `iterations` timed collectives back to back, and the slowest rank's total
 // divided by `iterations`. After each run one more, untimed collective on a
-// rank- and run-dependent pattern is checked on every rank (the timed
-// iterations run on zeros: an in-place allreduce would otherwise grow the
-// values every iteration). Rank 0 prints the row (tools/bench/timings.h).
+// rank- and run-dependent pattern is checked on every rank. The timed
+// iterations run on ones, never zeros: baton's TCP rings leave out 1 KiB
+// blocks that are all zero (--skip_zero_blocks), so zeros would time a
+// transfer the others make in full. An in-place allreduce grows the ones
+// to inf over the iterations, which costs x86 float arithmetic nothing
+// (only subnormals are slow). Rank 0 prints the row (tools/bench/timings.h).
 //
 // The size of an op (`bytes`, what the rows call bytes) is what every rank
 // gives as its input:

@@ -6,8 +6,9 @@ invocation, each one run), writes one row per (system, op, nodes, bytes) to
 collectives.jsonl: the median over the runs of the per-iteration time, min and
 max for the spread, and the bandwidths of the median (nccl-tests'
 definitions, GB/s = 1e9 bytes/s). Prints per (op, nodes, size) each system's
-time and busbw and baton's busbw over each other system's (the inverse ratio
-of the times; > 1: baton is faster), then the goal check: baton >= 0.9x raw gloo and ahead of
+time (with --spread: and its min-max over the runs) and busbw and baton's
+busbw over each other system's (the inverse ratio of the times; > 1: baton
+is faster), then the goal check: baton >= 0.9x raw gloo and ahead of
 torch.distributed from 1 MiB up. A system that lacks an op (its program
 printed a row with "unavailable") gets a row saying so, and "n/a" in the table.
 """
@@ -73,7 +74,15 @@ def time_text(seconds):
     return f"{seconds * 1e6:.0f} us"
 
 
-def table(rows, systems, skipped):
+def time_cell(row, spread):
+    """The median time; with `spread`, and the fastest and slowest run."""
+    text = time_text(row["median_s"])
+    if spread:
+        text += f" ({time_text(row['min_s'])}-{time_text(row['max_s'])})"
+    return text
+
+
+def table(rows, systems, skipped, spread=False):
     by_key = {(r["system"], r["op"], r["nodes"], r["bytes"]): r for r in rows}
     measured = {k: r for k, r in by_key.items() if "unavailable" not in r}
     cases = sorted({(r["op"], r["nodes"], r["bytes"]) for r in rows})
@@ -91,7 +100,7 @@ def table(rows, systems, skipped):
             if r and "unavailable" in r:
                 cells += ["n/a", "n/a"]
             else:
-                cells += ([time_text(r["median_s"]), f"{r['busbw_gbps']:.3g} GB/s"]
+                cells += ([time_cell(r, spread), f"{r['busbw_gbps']:.3g} GB/s"]
                           if r else ["-", "-"])
         baton = measured.get(("baton", op, nodes, size))
         for s in others:
@@ -136,6 +145,8 @@ def main():
     parser.add_argument("--out", required=True, help="aggregated rows (jsonl)")
     parser.add_argument("--systems", default=" ".join(SYSTEMS))
     parser.add_argument("--skipped", help="a file of skip messages, one a line")
+    parser.add_argument("--spread", action="store_true",
+                        help="time cells: median (min-max over the runs)")
     args = parser.parse_args()
     with open(args.runs) as f:
         run_rows = [json.loads(line) for line in f if line.strip()]
@@ -148,7 +159,7 @@ def main():
         with open(args.skipped) as f:
             skipped = [line.strip() for line in f if line.strip()]
     systems = [s for s in args.systems.split() if s in SYSTEMS]
-    print(table(rows, systems, skipped))
+    print(table(rows, systems, skipped, args.spread))
     check = goal(rows)
     if check:
         print()

@@ -8,8 +8,9 @@ measure the --ops on --bytes as tools/bench/collectives/measurement.h says
 reduce-scatter's the whole tensor): warm-up, then per run a barrier,
 --iterations timed collectives (dist.all_reduce, sum, and dist.broadcast from
 rank 0, in place; dist.all_gather into one tensor's rank-ordered views;
-dist.reduce_scatter, sum) on zeros, the slowest rank's total / iterations,
-and one untimed collective on the same checked pattern as the C++ programs.
+dist.reduce_scatter, sum) on ones, not zeros (measurement.h says why), the
+slowest rank's total / iterations, and one untimed collective on the same
+checked pattern as the C++ programs.
 Rank 0 prints one JSON row per op (tools/bench/timings.h's
 PrintCollectiveRow, same fields and rounding). An op this torch's gloo
 backend does not have (reduce_scatter in torch 1.13) gets a row with
@@ -59,7 +60,7 @@ class Collective:
 
     def __init__(self, op, elements, size):
         self.op = op
-        self.input = torch.zeros(elements, dtype=torch.float32)
+        self.input = torch.ones(elements, dtype=torch.float32)
         if op == "allgather":
             self.output = torch.zeros(elements * size, dtype=torch.float32)
             self.outputs = list(self.output.view(size, elements).unbind(0))
@@ -126,7 +127,7 @@ def measure(op, elements, args):
                 f"{result[first].item():g}, expected {expected[first].item():g} "
                 f"(run {run})")
         del expected
-        collective.input.zero_()
+        collective.input.fill_(1.0)
     if rank == 0:
         median = statistics.median(run_seconds)
         algbw = args.bytes / median / 1e9 if median > 0 else 0.0
