@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/reduce_op.h"
 #include "agent/scheduler/negotiation.h"
+#include "common/tensor_spec.h"
 
 namespace baton::agent {
 
@@ -52,10 +53,11 @@ absl::Status ValidateEnqueue(const JobTrainers& trainers, int32_t rank,
   }
   if (e.reduce_op != v1::REDUCE_OP_SUM) {
     const auto op = static_cast<v1::ReduceOp>(e.reduce_op);
-    if (tensor.spec.op() != v1::COLLECTIVE_OP_PUSH_PULL) {
+    if (!Reduces(tensor.spec.op())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "EnqueueRequest.reduce_op is ", e.reduce_op, " for ", named,
-          ", which was declared BROADCAST; a reduce op applies to PUSH_PULL"));
+          ", which was declared ", OpText(tensor.spec.op()),
+          "; a reduce op applies to push_pull and reduce_scatter"));
     }
     if (!v1::ReduceOp_IsValid(e.reduce_op)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -80,12 +82,13 @@ absl::Status ValidateEnqueue(const JobTrainers& trainers, int32_t rank,
                        ": NCCL has no bitwise reductions; use a host tensor"));
     }
   }
+  if (e.average && !Reduces(tensor.spec.op())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EnqueueRequest.average is set for ", named,
+                     ", which was declared ", OpText(tensor.spec.op()),
+                     "; average applies to push_pull and reduce_scatter"));
+  }
   if (tensor.spec.op() == v1::COLLECTIVE_OP_BROADCAST) {
-    if (e.average) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "EnqueueRequest.average is set for ", named,
-          ", which was declared BROADCAST; average applies to PUSH_PULL"));
-    }
     if (e.root_rank < 0 || (world_size > 0 && e.root_rank >= world_size) ||
         e.root_rank > Negotiation::kMaxRootRank) {
       return absl::InvalidArgumentError(

@@ -162,6 +162,10 @@ void JobDataPlane::OnConnected(int64_t generation,
   options.node_rank = membership_->self().node_rank();
   options.num_nodes = membership_->num_nodes();
   options.world_size = membership_->world_size();
+  for (const v1::LocalSizeRun& run : membership_->local_sizes()) {
+    options.local_sizes.insert(options.local_sizes.end(), run.nodes(),
+                               run.local_size());
+  }
   options.mode = trainers_.mode();
   options.credit_bytes = config_.credit_bytes;
   // Where tuning starts: the plan's size (the coordinator's

@@ -11,6 +11,7 @@
 #include "agent/reduce.h"
 #include "agent/scheduler/negotiation.h"
 #include "common/membership_view.h"
+#include "common/tensor_spec.h"
 
 namespace baton::agent {
 namespace {
@@ -186,7 +187,8 @@ void JobOperations::MakeReady(PendingOp& pending) {
   op->dtype = tensor.spec.dtype();
   op->average = enqueue.average;
   op->reduce_op = static_cast<v1::ReduceOp>(enqueue.reduce_op);
-  op->size_bytes = tensor.size_bytes;
+  // One rank's slice: an allgather's input, a reduce-scatter's result.
+  op->size_bytes = std::min(tensor.input_bytes, tensor.size_bytes);
   op->ready_unix_us = absl::ToUnixMicros(now);
   if (tensor.on_device()) {
     op->on_device = true;
@@ -244,6 +246,20 @@ void JobOperations::TrySubmit(PendingOp& pending) {
       trainers_.mode() == SchedulingMode::kFifo || trainers_.TunesPartitions()
           ? 0
           : generation_.partition_bytes();
+  if (IsRankStacked(op->kind)) {
+    // The slices are laid out for the world the tensor was declared in.
+    if (tensor.spec.shape(0) != membership.world_size()) {
+      Fail(pending,
+           absl::FailedPreconditionError(absl::StrCat(
+               CollectiveName(op->kind), " of \"", op->tensor_name,
+               "\" was declared for ", tensor.spec.shape(0), " ranks (shape ",
+               ShapeText(tensor.spec), "), but generation ",
+               membership.generation(), " has ", membership.world_size(),
+               ": declare the name again with the new world size")));
+      return;
+    }
+    op->rank_offset = membership.self().rank_offset();
+  }
   if (op->kind == v1::COLLECTIVE_OP_BROADCAST) {
     if (op->root_rank >= membership.world_size()) {
       Fail(pending, absl::InvalidArgumentError(absl::StrCat(

@@ -273,6 +273,7 @@ bool JobTrainers::Declare(int32_t rank, uint64_t seq,
     out->set_next_step(step);
     out->set_name(tensor.spec.name());
     out->set_size_bytes(tensor.size_bytes);
+    out->set_input_bytes(tensor.input_bytes);
     if (tensor.on_device()) {
       tensor.device_buffers[rank] = std::move(buffers[i]);
       tensor.ready_events[rank] = std::move(events[i]);
@@ -281,7 +282,7 @@ bool JobTrainers::Declare(int32_t rank, uint64_t seq,
     out->set_shm_name(tensor.memory.name());
     out->set_shm_bytes(static_cast<int64_t>(tensor.memory.size()));
     out->set_input_offset(tensor.input_offsets[rank]);
-    out->set_output_offset(tensor.output_offset);
+    out->set_output_offset(tensor.output_offset_of(rank));
   }
   trainer.sink->Send(std::move(reply));
   return true;
@@ -316,6 +317,12 @@ absl::Status JobTrainers::MatchCudaBuffers(
   }
   for (int i = 0; i < request.tensors_size(); ++i) {
     if (request.tensors(i).memory() != v1::MEMORY_KIND_CUDA) continue;
+    if (IsRankStacked(request.tensors(i).op())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DeclareRequest.tensors[", i, "] (\"", request.tensors(i).name(),
+          "\") is a CUDA tensor's ", OpText(request.tensors(i).op()),
+          ", which baton does not run yet: use a host copy of it"));
+    }
     if (gpus_.memory == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "DeclareRequest.tensors[", i, "] (\"", request.tensors(i).name(),

@@ -36,26 +36,39 @@ absl::StatusOr<std::unique_ptr<LocalTensor>> LocalTensor::Create(
     std::optional<gid_t> group) {
   auto tensor = std::make_unique<LocalTensor>();
   tensor->spec = spec;
-  tensor->size_bytes = TensorSizeBytes(spec);
+  tensor->size_bytes = ResultSizeBytes(spec);
+  tensor->input_bytes = InputSizeBytes(spec);
   tensor->last_step.assign(local_size, -1);
   if (tensor->on_device()) {
     tensor->device_buffers.resize(local_size);
     tensor->ready_events.resize(local_size);
     return tensor;
   }
-  const int64_t region = AlignUp(std::max<int64_t>(tensor->size_bytes, 1));
+  const int64_t input_region =
+      AlignUp(std::max<int64_t>(tensor->input_bytes, 1));
+  // A reduce-scatter's local ranks each receive their own chunk.
+  const int64_t outputs =
+      spec.op() == v1::COLLECTIVE_OP_REDUCE_SCATTER ? local_size : 1;
+  const int64_t output_region =
+      AlignUp(std::max<int64_t>(tensor->size_bytes * outputs, 1));
   // The output never aliases an input, even with one trainer: after an
   // aborted generation a collective stuck in the old data plane may still
   // write the output while the trainer already writes its next input.
-  const int32_t regions = local_size + 1;
-  auto memory = SharedMemory::Create(shm_name, region * regions, group);
+  auto memory = SharedMemory::Create(
+      shm_name, input_region * local_size + output_region, group);
   if (!memory.ok()) return memory.status();
   tensor->memory = std::move(*memory);
   for (int32_t r = 0; r < local_size; ++r) {
-    tensor->input_offsets.push_back(r * region);
+    tensor->input_offsets.push_back(r * input_region);
   }
-  tensor->output_offset = local_size * region;
+  tensor->output_offset = local_size * input_region;
   return tensor;
+}
+
+int64_t LocalTensor::output_offset_of(int32_t local_rank) const {
+  return spec.op() == v1::COLLECTIVE_OP_REDUCE_SCATTER
+             ? output_offset + local_rank * size_bytes
+             : output_offset;
 }
 
 }  // namespace baton::agent

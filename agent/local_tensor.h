@@ -25,7 +25,11 @@ namespace baton::agent {
 // event; the hierarchical path stages it in `stage`.
 struct LocalTensor {
   v1::TensorSpec spec;
+  // What each rank receives and writes (ResultSizeBytes, InputSizeBytes):
+  // the tensor's bytes, but a reduce-scatter's result and an allgather's
+  // input are one rank's slice.
   int64_t size_bytes = 0;
+  int64_t input_bytes = 0;
   SharedMemory memory;
   std::vector<int64_t> input_offsets;  // by local rank
   int64_t output_offset = 0;
@@ -45,6 +49,9 @@ struct LocalTensor {
   std::vector<int64_t> last_step;
 
   bool on_device() const { return spec.memory() == v1::MEMORY_KIND_CUDA; }
+  // Where local rank `local_rank` reads its result: the output region, or
+  // for a reduce-scatter that rank's chunk of it (local_size chunks).
+  int64_t output_offset_of(int32_t local_rank) const;
 
   // Creates the shared memory for `local_size` trainers (none for a CUDA
   // tensor), shared with `group` when given (SharedMemory::Create).

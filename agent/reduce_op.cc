@@ -40,4 +40,9 @@ const char* ReduceOpName(v1::ReduceOp op) {
   }
 }
 
+bool Reduces(v1::CollectiveOp kind) {
+  return kind == v1::COLLECTIVE_OP_PUSH_PULL ||
+         kind == v1::COLLECTIVE_OP_REDUCE_SCATTER;
+}
+
 }  // namespace baton::agent

@@ -14,5 +14,8 @@ bool IsBitwise(v1::ReduceOp op);
 // "sum", "min", "max", "product", "band", "bor", "bxor"; "unknown" for any
 // other value.
 const char* ReduceOpName(v1::ReduceOp op);
+// Whether collectives of `kind` combine the ranks' values, so that a reduce
+// op and average apply: push-pull and reduce-scatter.
+bool Reduces(v1::CollectiveOp kind);
 
 }  // namespace baton::agent

@@ -712,8 +712,9 @@ absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
             "\" with shared memory: it predates CUDA tensors; upgrade "
             "baton-agent"));
       }
-      tensors.push_back(std::make_shared<Tensor>(
-          d.index(), spec, d.size_bytes(), nullptr, 0, 0, d.next_step()));
+      tensors.push_back(std::make_shared<Tensor>(d.index(), spec,
+                                                 d.size_bytes(), d.size_bytes(),
+                                                 nullptr, 0, 0, d.next_step()));
       continue;
     }
     absl::StatusOr<SharedMemory> memory =
@@ -724,8 +725,14 @@ absl::StatusOr<std::vector<std::shared_ptr<Tensor>>> Client::Declare(
       absl::MutexLock lock(&impl_->mu_);
       impl_->mappings_.push_back(std::move(*memory));
     }
+    // An agent that predates allgather sends no input_bytes: its inputs
+    // are the result's size.
+    const int64_t input_bytes =
+        d.input_bytes() > 0 || spec.op() == v1::COLLECTIVE_OP_ALLGATHER
+            ? d.input_bytes()
+            : d.size_bytes();
     tensors.push_back(std::make_shared<Tensor>(
-        d.index(), spec, d.size_bytes(), base, d.input_offset(),
+        d.index(), spec, d.size_bytes(), input_bytes, base, d.input_offset(),
         d.output_offset(), d.next_step()));
   }
   return tensors;
@@ -739,6 +746,11 @@ absl::StatusOr<std::shared_ptr<Handle>> Client::PushPullAsync(
 absl::StatusOr<std::shared_ptr<Handle>> Client::BroadcastAsync(
     const Tensor& tensor, int64_t step, int32_t root_rank) {
   return impl_->Enqueue(tensor, step, false, v1::REDUCE_OP_SUM, root_rank);
+}
+
+absl::StatusOr<std::shared_ptr<Handle>> Client::AllgatherAsync(
+    const Tensor& tensor, int64_t step) {
+  return impl_->Enqueue(tensor, step, false, v1::REDUCE_OP_SUM, 0);
 }
 
 bool Client::JoinPending() const {

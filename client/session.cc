@@ -311,19 +311,26 @@ class Session::Impl {
         op == v1::COLLECTIVE_OP_BROADCAST && client_->rank() == root_rank;
     // A caller that keeps its data in the input region (Regions) has
     // nothing to copy.
-    if (!on_device && (op == v1::COLLECTIVE_OP_PUSH_PULL || is_root) &&
+    if (!on_device && (op != v1::COLLECTIVE_OP_BROADCAST || is_root) &&
         request.input != tensor->input()) {
       std::memcpy(tensor->input(), request.input,
-                  static_cast<size_t>(tensor->size_bytes()));
+                  static_cast<size_t>(tensor->input_bytes()));
     }
     absl::MutexLock lock(&mu_);
     if (closed_) return Closed();
     int64_t& step = next_step_[name];
-    absl::StatusOr<std::shared_ptr<Handle>> handle =
-        op == v1::COLLECTIVE_OP_PUSH_PULL
-            ? client_->PushPullAsync(*tensor, step, request.average,
-                                     request.reduce_op)
-            : client_->BroadcastAsync(*tensor, step, root_rank);
+    absl::StatusOr<std::shared_ptr<Handle>> handle;
+    switch (op) {
+      case v1::COLLECTIVE_OP_BROADCAST:
+        handle = client_->BroadcastAsync(*tensor, step, root_rank);
+        break;
+      case v1::COLLECTIVE_OP_ALLGATHER:
+        handle = client_->AllgatherAsync(*tensor, step);
+        break;
+      default:  // push-pull and reduce-scatter enqueue alike
+        handle = client_->PushPullAsync(*tensor, step, request.average,
+                                        request.reduce_op);
+    }
     if (!handle.ok()) return handle.status();
     ++step;
     // A CUDA result is already in the caller's buffer when it completes.
@@ -350,7 +357,8 @@ class Session::Impl {
           "tensor \"", name,
           "\" is in CUDA memory: it has no shared-memory regions"));
     }
-    return HostRegions{tensor.input(), tensor.output(), tensor.size_bytes()};
+    return HostRegions{tensor.input(), tensor.output(), tensor.size_bytes(),
+                       tensor.input_bytes()};
   }
 
   absl::Status Synchronize(const OperationHandle& operation,
@@ -650,6 +658,43 @@ absl::StatusOr<OperationHandle> Session::BroadcastAsync(const std::string& name,
   return impl_->Start(request);
 }
 
+absl::StatusOr<OperationHandle> Session::AllgatherAsync(const std::string& name,
+                                                        const Buffer& buffer,
+                                                        void* output) {
+  std::vector<int64_t> gathered = {size()};
+  gathered.insert(gathered.end(), buffer.shape.begin(), buffer.shape.end());
+  OperationRequest request;
+  request.spec = MakeSpec(name, buffer.dtype, gathered,
+                          v1::COLLECTIVE_OP_ALLGATHER, v1::MEMORY_KIND_HOST);
+  request.input = buffer.data;
+  request.output = output;
+  return impl_->Start(request);
+}
+
+absl::StatusOr<OperationHandle> Session::ReduceScatterAsync(
+    const std::string& name, const Buffer& buffer, void* output, bool average,
+    v1::ReduceOp op) {
+  const int32_t world = size();
+  if (buffer.shape.empty() || buffer.shape[0] % world != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce_scatter of \"", name, "\": the buffer's shape [",
+        absl::StrJoin(buffer.shape, ", "), "] does not split into ", world,
+        " equal parts along its first dimension; give a multiple of the "
+        "world size"));
+  }
+  std::vector<int64_t> stacked = {world, buffer.shape[0] / world};
+  stacked.insert(stacked.end(), buffer.shape.begin() + 1, buffer.shape.end());
+  OperationRequest request;
+  request.spec =
+      MakeSpec(name, buffer.dtype, stacked, v1::COLLECTIVE_OP_REDUCE_SCATTER,
+               v1::MEMORY_KIND_HOST);
+  request.input = buffer.data;
+  request.output = output;
+  request.average = average;
+  request.reduce_op = op;
+  return impl_->Start(request);
+}
+
 absl::StatusOr<OperationHandle> Session::PushPullAsync(
     const std::string& name, const DeviceBuffer& buffer, bool average,
     v1::ReduceOp op) {
@@ -697,6 +742,22 @@ absl::Status Session::Broadcast(const std::string& name, const Buffer& buffer,
                                 int32_t root_rank) {
   absl::StatusOr<OperationHandle> handle =
       BroadcastAsync(name, buffer, root_rank);
+  if (!handle.ok()) return handle.status();
+  return Synchronize(*handle);
+}
+
+absl::Status Session::Allgather(const std::string& name, const Buffer& buffer,
+                                void* output) {
+  absl::StatusOr<OperationHandle> handle = AllgatherAsync(name, buffer, output);
+  if (!handle.ok()) return handle.status();
+  return Synchronize(*handle);
+}
+
+absl::Status Session::ReduceScatter(const std::string& name,
+                                    const Buffer& buffer, void* output,
+                                    bool average, v1::ReduceOp op) {
+  absl::StatusOr<OperationHandle> handle =
+      ReduceScatterAsync(name, buffer, output, average, op);
   if (!handle.ok()) return handle.status();
   return Synchronize(*handle);
 }

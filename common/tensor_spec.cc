@@ -48,9 +48,12 @@ absl::Status ValidateTensorSpec(const std::string& what,
                             "bfloat16, int32, int64, uint8, int8"));
   }
   if (spec.op() != v1::COLLECTIVE_OP_PUSH_PULL &&
-      spec.op() != v1::COLLECTIVE_OP_BROADCAST) {
+      spec.op() != v1::COLLECTIVE_OP_BROADCAST &&
+      spec.op() != v1::COLLECTIVE_OP_ALLGATHER &&
+      spec.op() != v1::COLLECTIVE_OP_REDUCE_SCATTER) {
     return bad("op", absl::StrCat("is ", OpText(spec.op()),
-                                  ": declare push_pull or broadcast"));
+                                  ": declare push_pull, broadcast, allgather "
+                                  "or reduce_scatter"));
   }
   if (!v1::MemoryKind_IsValid(spec.memory())) {
     return bad("memory", absl::StrCat("is ", MemoryText(spec.memory()),
@@ -67,6 +70,13 @@ absl::Status ValidateTensorSpec(const std::string& what,
           absl::StrCat("shape[", i, "]"),
           absl::StrCat("is ", spec.shape(i), ": dimensions must be >= 0"));
     }
+  }
+  if (IsRankStacked(spec.op()) &&
+      (spec.shape_size() == 0 || spec.shape(0) < 1)) {
+    return bad("shape",
+               absl::StrCat("is ", ShapeText(spec), ": an ", OpText(spec.op()),
+                            " tensor's shape is [world size, one rank's "
+                            "shape...]"));
   }
   if (TensorSizeBytes(spec) < 0) {
     return bad("shape",
@@ -91,6 +101,35 @@ int64_t TensorSizeBytes(const v1::TensorSpec& spec) {
   return bytes;
 }
 
+bool IsRankStacked(v1::CollectiveOp op) {
+  return op == v1::COLLECTIVE_OP_ALLGATHER ||
+         op == v1::COLLECTIVE_OP_REDUCE_SCATTER;
+}
+
+namespace {
+
+// One rank's slice of a rank-stacked spec's bytes, or -1.
+int64_t RankSliceBytes(const v1::TensorSpec& spec, int64_t bytes) {
+  if (bytes <= 0) return bytes;
+  return spec.shape_size() > 0 && spec.shape(0) > 0 ? bytes / spec.shape(0)
+                                                    : -1;
+}
+
+}  // namespace
+
+int64_t InputSizeBytes(const v1::TensorSpec& spec) {
+  const int64_t bytes = TensorSizeBytes(spec);
+  return spec.op() == v1::COLLECTIVE_OP_ALLGATHER ? RankSliceBytes(spec, bytes)
+                                                  : bytes;
+}
+
+int64_t ResultSizeBytes(const v1::TensorSpec& spec) {
+  const int64_t bytes = TensorSizeBytes(spec);
+  return spec.op() == v1::COLLECTIVE_OP_REDUCE_SCATTER
+             ? RankSliceBytes(spec, bytes)
+             : bytes;
+}
+
 std::string DtypeText(v1::DataType dtype) {
   for (const DtypeInfo& info : kDtypes) {
     if (info.dtype == dtype) return info.text;
@@ -102,6 +141,8 @@ std::string DtypeText(v1::DataType dtype) {
 std::string OpText(v1::CollectiveOp op) {
   if (op == v1::COLLECTIVE_OP_PUSH_PULL) return "push_pull";
   if (op == v1::COLLECTIVE_OP_BROADCAST) return "broadcast";
+  if (op == v1::COLLECTIVE_OP_ALLGATHER) return "allgather";
+  if (op == v1::COLLECTIVE_OP_REDUCE_SCATTER) return "reduce_scatter";
   if (op == v1::COLLECTIVE_OP_UNSPECIFIED) return "unspecified";
   return absl::StrCat(static_cast<int>(op), ", not a known CollectiveOp");
 }

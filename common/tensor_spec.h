@@ -29,7 +29,7 @@ enum SpecField : uint8_t { kDtype = 1, kShape = 2, kOp = 4, kMemory = 8 };
 inline constexpr SpecField kSpecFields[] = {kDtype, kShape, kOp, kMemory};
 
 // OK when `spec` has a valid name, a version in 0..kMaxTensorVersion, a
-// known dtype, op push_pull or broadcast,
+// known dtype, a known op (an allgather's shape [world size >= 1, ...]),
 // a known memory kind, at most kMaxTensorDims dimensions, each >= 0, and holds
 // at most kMaxTensorBytes. Otherwise INVALID_ARGUMENT naming the field, with
 // `what` naming the spec ("Manifest.tensors[3]").
@@ -42,9 +42,20 @@ absl::Status ValidateTensorSpec(const std::string& what,
 // overflows, whatever the dims.
 int64_t TensorSizeBytes(const v1::TensorSpec& spec);
 
+// Whether a spec of `op` has the world size as its first dimension, one
+// slice per rank: ALLGATHER (the result) and REDUCE_SCATTER (the input).
+bool IsRankStacked(v1::CollectiveOp op);
+// What one rank writes for one operation: TensorSizeBytes, but for an
+// allgather one slice of it (the bytes over shape[0]); -1 as there.
+int64_t InputSizeBytes(const v1::TensorSpec& spec);
+// What one rank receives: TensorSizeBytes, but for a reduce-scatter one
+// slice of it.
+int64_t ResultSizeBytes(const v1::TensorSpec& spec);
+
 // "float32"; "unspecified"; "42, not a known DataType".
 std::string DtypeText(v1::DataType dtype);
-// "push_pull", "broadcast"; "unspecified"; "7, not a known CollectiveOp".
+// "push_pull", "broadcast", "allgather", "reduce_scatter"; "unspecified"; "7,
+// not a known CollectiveOp".
 std::string OpText(v1::CollectiveOp op);
 // "host", "cuda"; "5, not a known MemoryKind".
 std::string MemoryText(v1::MemoryKind memory);

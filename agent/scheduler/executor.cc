@@ -167,8 +167,11 @@ void Executor::WorkerLoop(Worker* worker) {
       if (skipped > 0 && options_.bytes_skipped) {
         options_.bytes_skipped(skipped);
       }
+      // The tuner's model is the ring allreduce's: other collectives' times
+      // would read as a different link rate.
       if (options_.tuner != nullptr && status.ok() && host &&
-          options_.num_nodes > 1) {
+          options_.num_nodes > 1 &&
+          launch.front().op->kind == v1::COLLECTIVE_OP_PUSH_PULL) {
         // The channels share one link: while this collective ran, about
         // that many collectives' bytes crossed it, so that is what its time
         // measures (queueing behind the others is not latency).
@@ -243,7 +246,11 @@ absl::Status Executor::Execute(Worker& worker, const PartitionTask& task,
   CollectiveOptions opts;
   opts.timeout = options_.op_timeout;
   absl::Status status;
-  if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
+  if (op.kind == v1::COLLECTIVE_OP_ALLGATHER) {
+    status = ExecuteAllgather(worker, task, opts, reduced_us);
+  } else if (op.kind == v1::COLLECTIVE_OP_REDUCE_SCATTER) {
+    status = ExecuteReduceScatter(worker, task, opts, reduced_us);
+  } else if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
     uint8_t* data = out;
     if (op.root_local >= 0 && op.inputs.size() == 1) {
       // The root is its node's only trainer: it holds the result already,
@@ -281,6 +288,94 @@ absl::Status Executor::Execute(Worker& worker, const PartitionTask& task,
   }
   if (!status.ok()) return Failed(status, Describe(task));
   return status;
+}
+
+absl::Status Executor::ExecuteAllgather(Worker& worker,
+                                        const PartitionTask& task,
+                                        const CollectiveOptions& opts,
+                                        int64_t* reduced_us) {
+  // Ranks sit in node order (rank_offset), so each node's ranks are one
+  // span of the result. A whole tensor gathers in the output itself; a
+  // partition's pieces lie `block` apart there, so they gather packed in
+  // the worker's buffer and are spread out afterwards.
+  const Operation& op = *task.op;
+  const size_t piece = static_cast<size_t>(task.length);
+  const size_t block = static_cast<size_t>(op.size_bytes);
+  const size_t world = static_cast<size_t>(options_.world_size);
+  const bool whole = piece == block;
+  if (!whole && worker.fused.size() < piece * world) {
+    worker.fused.resize(piece * world);
+  }
+  uint8_t* gathered = whole ? op.output : worker.fused.data();
+  for (size_t i = 0; i < op.inputs.size(); ++i) {
+    std::memcpy(gathered + (op.rank_offset + i) * piece,
+                op.inputs[i] + task.offset, piece);
+  }
+  *reduced_us = NowUs();
+  if (options_.num_nodes > 1) {
+    absl::InlinedVector<size_t, 16> lengths(options_.num_nodes,
+                                            world / options_.num_nodes * piece);
+    for (size_t n = 0; n < options_.local_sizes.size(); ++n) {
+      lengths[n] = static_cast<size_t>(options_.local_sizes[n]) * piece;
+    }
+    const absl::Status status = worker.comm->Allgather(gathered, lengths, opts);
+    if (!status.ok()) return status;
+  }
+  if (!whole) {
+    for (size_t r = 0; r < world; ++r) {
+      std::memcpy(op.output + r * block + task.offset, gathered + r * piece,
+                  piece);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::ExecuteReduceScatter(Worker& worker,
+                                            const PartitionTask& task,
+                                            CollectiveOptions opts,
+                                            int64_t* reduced_us) {
+  // Every rank's slice of this partition, reduced over the local inputs,
+  // packed in rank order in the worker's buffer (ranks sit in node order,
+  // so each node's are one span); the nodes reduce-scatter the spans, and
+  // each local trainer's slice goes to its place in the output.
+  const Operation& op = *task.op;
+  const size_t piece = static_cast<size_t>(task.length);
+  const size_t slice = static_cast<size_t>(op.size_bytes);
+  const size_t world = static_cast<size_t>(options_.world_size);
+  const size_t element = ElementSize(op.dtype);
+  const size_t n = op.inputs.size();
+  if (worker.fused.size() < piece * world) worker.fused.resize(piece * world);
+  uint8_t* packed = worker.fused.data();
+  absl::InlinedVector<const void*, 8> srcs(n);
+  for (size_t r = 0; r < world; ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      srcs[i] = op.inputs[i] + r * slice + task.offset;
+    }
+    ReduceInto(op.reduce_op, op.dtype, packed + r * piece, srcs.data(), n,
+               piece / element);
+  }
+  *reduced_us = NowUs();
+  const bool average = op.average && options_.world_size > 1;
+  uint8_t* mine = packed + static_cast<size_t>(op.rank_offset) * piece;
+  if (options_.num_nodes > 1) {
+    absl::InlinedVector<size_t, 16> counts(
+        options_.num_nodes, world / options_.num_nodes * piece / element);
+    for (size_t i = 0; i < options_.local_sizes.size(); ++i) {
+      counts[i] =
+          static_cast<size_t>(options_.local_sizes[i]) * piece / element;
+    }
+    opts.op = op.reduce_op;
+    if (average) opts.divisor = options_.world_size;
+    const absl::Status status =
+        worker.comm->ReduceScatter(packed, counts, op.dtype, opts);
+    if (!status.ok()) return status;
+  } else if (average) {
+    DivideInPlace(op.dtype, mine, n * piece / element, options_.world_size);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(op.output + i * slice + task.offset, mine + i * piece, piece);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Executor::ExecuteFused(Worker& worker, const Launch& launch,

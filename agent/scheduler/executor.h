@@ -44,6 +44,9 @@ struct ExecutorOptions {
   int32_t node_rank = 0;
   int32_t num_nodes = 1;
   int32_t world_size = 1;
+  // Trainers per node, by node rank: where each node's ranks sit in an
+  // allgather's result. Empty: world_size / num_nodes on every node.
+  std::vector<int32_t> local_sizes;
   // Bounds every collective (and the scheduler's negotiation rounds).
   std::chrono::milliseconds op_timeout{60000};
   // Node names by node rank, for errors that name the peers of a failed
@@ -127,8 +130,8 @@ class Executor {
     std::unique_ptr<Communicator> comm;
     std::unique_ptr<DeviceCommunicator> device;
     std::deque<Launch> queue;
-    // The packed buffer of fused launches (grows to the largest one); the
-    // worker's own.
+    // The packed buffer of fused launches and of partitioned allgathers
+    // (grows to the largest one); the worker's own.
     std::vector<uint8_t> fused;
     // Signalled when its queue grows or the executor stops.
     absl::CondVar cv;
@@ -148,6 +151,17 @@ class Executor {
   // buffer, one allreduce over it, each result copied out.
   absl::Status ExecuteFused(Worker& worker, const Launch& launch,
                             int64_t* reduced_us);
+  // Execute's allgather of a host tensor: the local inputs copied to their
+  // ranks' places, then the nodes' spans exchanged.
+  absl::Status ExecuteAllgather(Worker& worker, const PartitionTask& task,
+                                const CollectiveOptions& opts,
+                                int64_t* reduced_us);
+  // Execute's reduce-scatter of a host tensor: every rank's slice reduced
+  // over the local inputs, the nodes' spans reduce-scattered, each local
+  // trainer's slice put in its place.
+  absl::Status ExecuteReduceScatter(Worker& worker, const PartitionTask& task,
+                                    CollectiveOptions opts,
+                                    int64_t* reduced_us);
   // The same for a CUDA tensor, on the device worker.
   absl::Status ExecuteOnDevice(Worker& worker, const PartitionTask& task,
                                int64_t* reduced_us);

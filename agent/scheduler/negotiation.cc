@@ -37,10 +37,13 @@ size_t Negotiation::VectorSize(int32_t body_tensors) {
 }
 
 int64_t Negotiation::KeyOf(const Operation& op) {
-  const int64_t attr =
-      op.kind == v1::COLLECTIVE_OP_BROADCAST
-          ? op.root_rank
-          : int64_t{op.reduce_op} << 1 | (op.average ? kAttrAverage : 0);
+  // Only what the kind uses: an allgather's attributes are always 0.
+  int64_t attr = 0;
+  if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
+    attr = op.root_rank;
+  } else if (Reduces(op.kind)) {
+    attr = int64_t{op.reduce_op} << 1 | (op.average ? kAttrAverage : 0);
+  }
   return ((op.step + 1) << kAttrBits) | attr;
 }
 
@@ -50,6 +53,7 @@ std::string Negotiation::DescribeKey(v1::CollectiveOp kind, int64_t key) {
   if (kind == v1::COLLECTIVE_OP_BROADCAST) {
     return absl::StrCat("step ", step, ", root rank ", attr);
   }
+  if (!Reduces(kind)) return absl::StrCat("step ", step);
   if (attr == kAttrAverage) return absl::StrCat("step ", step, ", average");
   return absl::StrCat("step ", step, ", ",
                       ReduceOpName(static_cast<v1::ReduceOp>(attr >> 1)));

@@ -13,7 +13,16 @@ const char* GpuCrossNodeName(GpuCrossNode mode) {
 }
 
 const char* CollectiveName(v1::CollectiveOp kind) {
-  return kind == v1::COLLECTIVE_OP_BROADCAST ? "broadcast" : "push_pull";
+  switch (kind) {
+    case v1::COLLECTIVE_OP_BROADCAST:
+      return "broadcast";
+    case v1::COLLECTIVE_OP_ALLGATHER:
+      return "allgather";
+    case v1::COLLECTIVE_OP_REDUCE_SCATTER:
+      return "reduce_scatter";
+    default:
+      return "push_pull";
+  }
 }
 
 int32_t NumPartitions(int64_t size_bytes, int64_t partition_bytes) {

@@ -34,7 +34,7 @@ enum class GpuCrossNode {
 
 const char* GpuCrossNodeName(GpuCrossNode mode);
 
-// "push_pull" or "broadcast".
+// "push_pull", "broadcast", "allgather" or "reduce_scatter".
 const char* CollectiveName(v1::CollectiveOp kind);
 
 // What carries host tensors' collectives between agents (--data_transport).
@@ -59,15 +59,23 @@ struct Operation {
   int64_t step = 0;
   v1::CollectiveOp kind = v1::COLLECTIVE_OP_PUSH_PULL;
   v1::DataType dtype = v1::DATA_TYPE_FLOAT32;
-  // PUSH_PULL: divide the sum by the world size.
+  // PUSH_PULL and REDUCE_SCATTER (Reduces): divide the sum by the world
+  // size.
   bool average = false;
-  // PUSH_PULL: how the ranks' values combine (average only with a sum).
+  // Reduces: how the ranks' values combine (average only with a sum).
   v1::ReduceOp reduce_op = v1::REDUCE_OP_SUM;
   // BROADCAST: the global root rank, the node that holds it, and the root's
   // index among this node's inputs (-1 when the root is on another node).
   int32_t root_rank = -1;
   int32_t root_node = -1;
   int32_t root_local = -1;
+  // ALLGATHER and REDUCE_SCATTER: the global rank of this node's first
+  // local trainer; its slices sit at (rank_offset + i) * size_bytes.
+  int32_t rank_offset = 0;
+  // Bytes of one rank's slice, what partitions divide: the input and the
+  // result, except that an ALLGATHER's output holds world_size times as
+  // many, and a REDUCE_SCATTER's inputs do (its output: one slice per local
+  // trainer).
   int64_t size_bytes = 0;
   // Bytes per partition the job asked for (a multiple of 8; the last one
   // may be shorter); 0: the scheduler's own, tuned size (priority mode).

@@ -74,6 +74,16 @@ class PoisonState {
     }
     return CheckAllgatherArguments(data, lengths, size, on);
   }
+  absl::Status CheckReduceScatter(const void* data,
+                                  absl::Span<const size_t> counts,
+                                  v1::DataType dtype, int size,
+                                  const CollectiveOptions& options,
+                                  const std::string& on) const {
+    if (absl::Status usable = CheckUsable(options, on); !usable.ok()) {
+      return usable;
+    }
+    return CheckReduceScatterArguments(data, counts, dtype, size, options, on);
+  }
 
   // Check(), then INVALID_ARGUMENT naming `on` for a timeout that is not
   // positive: what every collective checks first.

@@ -132,6 +132,52 @@ absl::Status Communicator::Allgather(void* data,
       "(--data_transport=tcp) or gloo");
 }
 
+namespace {
+
+// *total = the sum of `values`; false when it overflows.
+bool SumFits(absl::Span<const size_t> values, size_t* total) {
+  *total = 0;
+  for (size_t value : values) {
+    if (value > std::numeric_limits<size_t>::max() - *total) return false;
+    *total += value;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status Communicator::ReduceScatter(void* data,
+                                         absl::Span<const size_t> counts,
+                                         v1::DataType dtype,
+                                         const CollectiveOptions& options) {
+  if (absl::Status valid = CheckReduceScatterArguments(
+          data, counts, dtype, size(), options, "this communicator");
+      !valid.ok()) {
+    return valid;
+  }
+  size_t total = 0;
+  for (size_t count : counts) total += count;
+  return Allreduce(data, total, dtype, options);
+}
+
+absl::Status CheckReduceScatterArguments(const void* data,
+                                         absl::Span<const size_t> counts,
+                                         v1::DataType dtype, int size,
+                                         const CollectiveOptions& options,
+                                         const std::string& on) {
+  if (counts.size() != static_cast<size_t>(size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduce-scatter on ", on, ": ", counts.size(),
+                     " counts for ", size, " members; give one per member"));
+  }
+  size_t total = 0;
+  if (!SumFits(counts, &total)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduce-scatter on ", on, ": the counts overflow"));
+  }
+  return CheckAllreduceArguments(data, total, dtype, options, on);
+}
+
 absl::Status CheckAllgatherArguments(const void* data,
                                      absl::Span<const size_t> lengths, int size,
                                      const std::string& on) {
@@ -141,12 +187,9 @@ absl::Status CheckAllgatherArguments(const void* data,
                      size, " members; give one per member"));
   }
   size_t total = 0;
-  for (size_t length : lengths) {
-    if (length > std::numeric_limits<size_t>::max() - total) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("allgather on ", on, ": the lengths overflow"));
-    }
-    total += length;
+  if (!SumFits(lengths, &total)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allgather on ", on, ": the lengths overflow"));
   }
   if (total > 0 && data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -56,6 +56,18 @@ class Communicator {
   virtual absl::Status Allgather(void* data, absl::Span<const size_t> lengths,
                                  const CollectiveOptions& options);
 
+  // In place: member i's chunk, `counts[i]` elements of `dtype` at the sum
+  // of counts[0..i), becomes options.op over every member's data of that
+  // chunk (divided by options.divisor), read from options.input when set;
+  // the rest of `data` is left unspecified. `counts` has size() entries and
+  // is the same on every member (members that disagree fail). The default
+  // allreduces the whole buffer (every chunk is reduced, at twice the
+  // bytes of a reduce-scatter).
+  virtual absl::Status ReduceScatter(void* data,
+                                     absl::Span<const size_t> counts,
+                                     v1::DataType dtype,
+                                     const CollectiveOptions& options);
+
   virtual bool poisoned() const = 0;
 
   // Bytes of data its allreduces did not need to send since it connected
@@ -142,6 +154,15 @@ absl::StatusOr<std::string> NodeRankZeroValue(const ConnectRequest& request,
 absl::Status CheckAllgatherArguments(const void* data,
                                      absl::Span<const size_t> lengths, int size,
                                      const std::string& on);
+
+// INVALID_ARGUMENT naming `on` unless `counts` has `size` entries whose
+// bytes of `dtype` do not overflow, and CheckAllreduceArguments holds for
+// their sum.
+absl::Status CheckReduceScatterArguments(const void* data,
+                                         absl::Span<const size_t> counts,
+                                         v1::DataType dtype, int size,
+                                         const CollectiveOptions& options,
+                                         const std::string& on);
 
 // Allgather's lengths as its members compare them (TcpRing's header,
 // gloo's tag): FNV-1a folded to 32 bits.

@@ -283,6 +283,8 @@ PYBIND11_MODULE(_baton, m) {
   m.attr("INT8") = static_cast<int>(v1::DATA_TYPE_INT8);
   m.attr("PUSH_PULL") = static_cast<int>(v1::COLLECTIVE_OP_PUSH_PULL);
   m.attr("BROADCAST") = static_cast<int>(v1::COLLECTIVE_OP_BROADCAST);
+  m.attr("ALLGATHER") = static_cast<int>(v1::COLLECTIVE_OP_ALLGATHER);
+  m.attr("REDUCE_SCATTER") = static_cast<int>(v1::COLLECTIVE_OP_REDUCE_SCATTER);
   m.attr("REDUCE_SUM") = static_cast<int>(v1::REDUCE_OP_SUM);
   m.attr("REDUCE_MIN") = static_cast<int>(v1::REDUCE_OP_MIN);
   m.attr("REDUCE_MAX") = static_cast<int>(v1::REDUCE_OP_MAX);
@@ -294,7 +296,7 @@ PYBIND11_MODULE(_baton, m) {
   m.attr("MEMORY_CUDA") = static_cast<int>(v1::MEMORY_KIND_CUDA);
 
   py::class_<PyOperation>(m, "Operation",
-                          "A started push-pull or broadcast (opaque).");
+                          "A started collective operation (opaque).");
 
   py::class_<SharedRegion>(m, "SharedRegion", py::buffer_protocol(),
                            "A tensor's shared-memory region (a "
@@ -397,7 +399,7 @@ PYBIND11_MODULE(_baton, m) {
             Session& s = self.cast<Session&>();
             const baton::HostRegions regions = Check(s.Regions(name));
             return py::make_tuple(
-                SharedRegion{regions.input, regions.size_bytes, true, self},
+                SharedRegion{regions.input, regions.input_bytes, true, self},
                 SharedRegion{const_cast<uint8_t*>(regions.output),
                              regions.size_bytes, true, self});
           },
@@ -418,6 +420,41 @@ PYBIND11_MODULE(_baton, m) {
           },
           py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
           py::arg("root_rank"))
+      .def(
+          "allgather_async",
+          [](Session& s, const std::string& name, uintptr_t data, int dtype,
+             std::vector<int64_t> shape, uintptr_t output) {
+            baton::Buffer buffer = MakeBuffer(data, dtype, std::move(shape));
+            py::gil_scoped_release release;
+            return PyOperation{
+                Check(s.AllgatherAsync(name, buffer,
+                                       reinterpret_cast<void*>(output))),
+                name};
+          },
+          py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
+          py::arg("output"),
+          "Copies `data` in and starts the allgather; synchronize() writes "
+          "every rank's data, in rank order, to `output` (size() times as "
+          "many bytes).")
+      .def(
+          "reduce_scatter_async",
+          [](Session& s, const std::string& name, uintptr_t data, int dtype,
+             std::vector<int64_t> shape, uintptr_t output, bool average,
+             int op) {
+            baton::Buffer buffer = MakeBuffer(data, dtype, std::move(shape));
+            py::gil_scoped_release release;
+            return PyOperation{
+                Check(s.ReduceScatterAsync(
+                    name, buffer, reinterpret_cast<void*>(output), average,
+                    static_cast<v1::ReduceOp>(op))),
+                name};
+          },
+          py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
+          py::arg("output"), py::arg("average"),
+          py::arg("op") = static_cast<int>(v1::REDUCE_OP_SUM),
+          "Copies `data` in (its first dimension a multiple of size()) and "
+          "starts the reduce-scatter; synchronize() writes this rank's part "
+          "(1/size() of the bytes) to `output`.")
       .def(
           "push_pull_device_async",
           [](Session& s, const std::string& name, int dtype,

@@ -223,6 +223,18 @@ def expect_not_supported(call, text):
         raise AssertionError("accepted: " + text)
 
 
+def test_reducescatter_splits_the_mean_as_horovod_does():
+    rows = hvd.size() * 2 + 1
+    t = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * (hvd.rank() + 1)
+    out = hvd.reducescatter(t, name="hvd.rs")
+    counts = [rows // hvd.size() + (1 if r < rows % hvd.size() else 0) for r in range(hvd.size())]
+    begin = sum(counts[: hvd.rank()])
+    mean = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2) * (hvd.size() + 1) / 2
+    assert torch.allclose(out, mean[begin : begin + counts[hvd.rank()]]), out
+    summed = hvd.synchronize(hvd.reducescatter_async(t, op=hvd.Sum, name="hvd.rs.sum", prescale_factor=0.5))
+    assert torch.allclose(summed, mean[begin : begin + counts[hvd.rank()]] * hvd.size() * 0.5), summed
+
+
 def test_what_baton_lacks_raises_a_clear_error_and_the_job_goes_on():
     t = torch.ones(2)
     params = [torch.nn.Parameter(torch.ones(2))]
@@ -236,7 +248,6 @@ def test_what_baton_lacks_raises_a_clear_error_and_the_job_goes_on():
     expect_not_supported(lambda: hvd.init(comm=[0, 1]), "comm")
     expect_not_supported(hvd.join, "hvd.join")
     expect_not_supported(lambda: hvd.alltoall(t), "alltoall")
-    expect_not_supported(lambda: hvd.reducescatter(t), "reducescatter")
     expect_not_supported(lambda: hvd.start_timeline("/tmp/t.json"), "batonctl timeline")
     expect_not_supported(lambda: hvd.elastic.ElasticSampler(range(4)), "ElasticSampler")
     try:

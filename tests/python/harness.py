@@ -11,6 +11,30 @@ import torch
 import baton.torch as bt
 
 
+# Every dtype baton takes.
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.int8,
+)
+
+
+def expect_error(fn, *words):
+    """fn() raises ValueError whose message names every one of `words`."""
+    try:
+        fn()
+    except ValueError as e:
+        for word in words:
+            assert word in str(e), "%r does not name %r" % (str(e), word)
+        return
+    raise AssertionError("no error; expected one naming %s" % (words,))
+
+
 def run_tests(namespace):
     torch.set_num_threads(1)
     bt.init()

@@ -10,18 +10,8 @@ import torch
 
 import baton
 import baton.torch as bt
-from harness import run_tests
+from harness import DTYPES, run_tests
 
-DTYPES = (
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int32,
-    torch.int64,
-    torch.uint8,
-    torch.int8,
-)
 INTEGERS = (torch.int32, torch.int64, torch.uint8, torch.int8)
 
 

@@ -23,6 +23,7 @@ constexpr uint32_t kMagic = 0x324e5242;
 constexpr uint32_t kAllreduce = 1;
 constexpr uint32_t kBroadcast = 2;
 constexpr uint32_t kAllgather = 3;
+constexpr uint32_t kReduceScatter = 4;
 // Preamble formats: "DENS" (every byte follows), "SPRS" (a bitmap, then the
 // blocks it marks).
 constexpr uint32_t kDenseFrame = 0x534e4544;
@@ -34,10 +35,11 @@ constexpr int kSendBatch = 64;
 int Mod(int x, int n) { return ((x % n) + n) % n; }
 
 const char* KindName(uint32_t kind) {
-  return kind == kAllreduce   ? "allreduce"
-         : kind == kBroadcast ? "broadcast"
-         : kind == kAllgather ? "allgather"
-                              : "an unknown collective";
+  return kind == kAllreduce       ? "allreduce"
+         : kind == kBroadcast     ? "broadcast"
+         : kind == kAllgather     ? "allgather"
+         : kind == kReduceScatter ? "reduce-scatter"
+                                  : "an unknown collective";
 }
 
 }  // namespace
@@ -136,9 +138,13 @@ absl::Status TcpRing::HeaderMismatch(const Header& mine, const Header& theirs,
   }
   const auto describe = [](const Header& h) {
     const std::string detail =
-        h.kind == kBroadcast ? absl::StrCat("root ", h.detail)
-        : h.kind == kAllgather
-            ? absl::StrCat("lengths ", absl::Hex(h.detail))
+        h.kind == kBroadcast   ? absl::StrCat("root ", h.detail)
+        : h.kind == kAllgather ? absl::StrCat("lengths ", absl::Hex(h.detail))
+        : h.kind == kReduceScatter
+            ? absl::StrCat("dtype ", h.detail & 0xffu, ", ",
+                           ReduceOpName(static_cast<v1::ReduceOp>(
+                               h.detail >> 8 & 0xffu)),
+                           ", counts ", absl::Hex(h.detail >> 16))
             : absl::StrCat(
                   "dtype ", h.detail & 0xffffu, ", ",
                   ReduceOpName(static_cast<v1::ReduceOp>(h.detail >> 16)));
@@ -479,7 +485,6 @@ absl::Status TcpRing::Allreduce(void* data, size_t count, v1::DataType dtype,
   }
   if (count == 0) return absl::OkStatus();
   const size_t element = ElementSize(dtype);
-  const PairwiseSum sum = PairwiseFor(options.op, dtype);
   auto* bytes = static_cast<uint8_t*>(data);
   const auto* input = options.input == nullptr
                           ? bytes
@@ -509,42 +514,118 @@ absl::Status TcpRing::Allreduce(void* data, size_t count, v1::DataType dtype,
   };
   const auto offset = [&](int c) { return begin(c) * element; };
   const auto length = [&](int c) { return offset(c + 1) - offset(c); };
-  for (int phase = 0; phase < 2; ++phase) {
-    for (int s = 0; s < size_ - 1; ++s) {
-      // Reduce-scatter: chunk r - s goes on (the input's at the first step,
-      // then the sum received the step before), chunk r - s - 1 comes in
-      // and is added to the input's into the result. Allgather: the
-      // finished chunk r + 1 - s goes on, chunk r - s comes in finished.
-      // The input is only ever read.
-      const int out = phase == 0 ? Wrap(rank_ - s) : Wrap(rank_ + 1 - s);
-      const int in = phase == 0 ? Wrap(rank_ - s - 1) : Wrap(rank_ - s);
-      Step step;
-      step.header = &header;
-      step.send_header = step.recv_header = phase == 0 && s == 0;
-      step.element = element;
-      step.framed = true;
-      step.send = (phase == 0 && s == 0 ? input : bytes) + offset(out);
-      step.send_bytes = length(out);
-      step.recv = bytes + offset(in);
-      step.recv_bytes = length(in);
-      if (phase == 0) {
-        step.sum = sum;
-        step.addend = input + offset(in);
-        step.dense = options.op != v1::REDUCE_OP_SUM;
-      }
-      if (absl::Status status = Run(step, deadline, what, options);
-          !status.ok()) {
-        return status;
-      }
-    }
-    // This node finished chunk r + 1: it alone divides it, before sending.
-    if (phase == 0 && options.divisor > 1) {
-      const int done = Wrap(rank_ + 1);
-      DivideInPlace(dtype, bytes + offset(done), length(done) / element,
-                    options.divisor);
+  std::vector<size_t> offsets(size_ + 1);
+  for (int c = 0; c <= size_; ++c) offsets[c] = offset(c);
+  // The reduce-scatter steps leave chunk r + 1 finished here.
+  if (absl::Status status =
+          ReduceSteps(header, bytes, input, offsets,
+                      /*shift=*/0, dtype, deadline, what, options);
+      !status.ok()) {
+    return status;
+  }
+  for (int s = 0; s < size_ - 1; ++s) {
+    // Allgather: the finished chunk r + 1 - s goes on, chunk r - s comes
+    // in finished.
+    const int out = Wrap(rank_ + 1 - s);
+    const int in = Wrap(rank_ - s);
+    Step step;
+    step.header = &header;
+    step.element = element;
+    step.framed = true;
+    step.send = bytes + offset(out);
+    step.send_bytes = length(out);
+    step.recv = bytes + offset(in);
+    step.recv_bytes = length(in);
+    if (absl::Status status = Run(step, deadline, what, options);
+        !status.ok()) {
+      return status;
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status TcpRing::ReduceSteps(const Header& header, uint8_t* bytes,
+                                  const uint8_t* input,
+                                  absl::Span<const size_t> offsets, int shift,
+                                  v1::DataType dtype, const Deadline& deadline,
+                                  const std::string& what,
+                                  const CollectiveOptions& options) {
+  const size_t element = ElementSize(dtype);
+  const PairwiseSum sum = PairwiseFor(options.op, dtype);
+  const auto length = [&](int c) { return offsets[c + 1] - offsets[c]; };
+  for (int s = 0; s < size_ - 1; ++s) {
+    // Chunk r + shift - s goes on (the input's at the first step, then the
+    // sum received the step before), chunk r + shift - s - 1 comes in and
+    // is added to the input's into the result. The input is only read.
+    const int out = Wrap(rank_ + shift - s);
+    const int in = Wrap(rank_ + shift - s - 1);
+    Step step;
+    step.header = &header;
+    step.send_header = step.recv_header = s == 0;
+    step.element = element;
+    step.framed = true;
+    step.send = (s == 0 ? input : bytes) + offsets[out];
+    step.send_bytes = length(out);
+    step.recv = bytes + offsets[in];
+    step.recv_bytes = length(in);
+    step.sum = sum;
+    step.addend = input + offsets[in];
+    step.dense = options.op != v1::REDUCE_OP_SUM;
+    if (absl::Status status = Run(step, deadline, what, options);
+        !status.ok()) {
+      return status;
+    }
+  }
+  // This node finished chunk r + 1 + shift: it alone divides it.
+  if (options.divisor > 1) {
+    const int done = Wrap(rank_ + 1 + shift);
+    DivideInPlace(dtype, bytes + offsets[done], length(done) / element,
+                  options.divisor);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TcpRing::ReduceScatter(void* data, absl::Span<const size_t> counts,
+                                    v1::DataType dtype,
+                                    const CollectiveOptions& options) {
+  if (absl::Status valid = poison_.CheckReduceScatter(
+          data, counts, dtype, size_, options, Describe());
+      !valid.ok()) {
+    return valid;
+  }
+  const size_t element = ElementSize(dtype);
+  std::vector<size_t> offsets(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    offsets[i + 1] = offsets[i] + counts[i] * element;
+  }
+  auto* bytes = static_cast<uint8_t*>(data);
+  const auto* input = options.input == nullptr
+                          ? bytes
+                          : static_cast<const uint8_t*>(options.input);
+  if (size_ == 1) {
+    if (input != bytes) std::memcpy(bytes, input, offsets.back());
+    if (options.divisor > 1) {
+      DivideInPlace(dtype, bytes, counts[0], options.divisor);
+    }
+    return absl::OkStatus();
+  }
+  if (offsets.back() == 0) return absl::OkStatus();
+  const std::string what = absl::StrCat(
+      "reduce-scatter (", ReduceOpName(options.op), ") of ", offsets.back(),
+      " bytes (", DataTypeName(dtype), ") on ", Describe());
+  if (scratch_.empty()) scratch_.resize(kSegmentBytes);
+  // Nodes that disagree on the dtype, the op or the counts fail at the
+  // first step.
+  const Header header = {kMagic, kReduceScatter, offsets.back(),
+                         static_cast<uint32_t>(dtype) |
+                             static_cast<uint32_t>(options.op) << 8 |
+                             (LengthsHash(counts) & 0xffffu) << 16,
+                         seq_++};
+  // Shifted by one from the allreduce's, so that this node ends with its
+  // own chunk.
+  return ReduceSteps(header, bytes, input, offsets, /*shift=*/-1, dtype,
+                     Deadline(*clock_, absl::FromChrono(options.timeout)), what,
+                     options);
 }
 
 absl::Status TcpRing::Broadcast(void* data, size_t bytes, int root,

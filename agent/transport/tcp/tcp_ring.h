@@ -92,6 +92,11 @@ class TcpRing : public Communicator {
   // allreduce's are. Nodes whose lengths differ fail at the first step.
   absl::Status Allgather(void* data, absl::Span<const size_t> lengths,
                          const CollectiveOptions& options) override;
+  // The allreduce's first N-1 steps, shifted so that each node ends with
+  // its own chunk: half the bytes of an allreduce.
+  absl::Status ReduceScatter(void* data, absl::Span<const size_t> counts,
+                             v1::DataType dtype,
+                             const CollectiveOptions& options) override;
   bool poisoned() const override { return poison_.is_set(); }
   // Thread-safe: a collective in flight fails at once with `status`. The
   // connections stay open (a re-form may keep them).
@@ -110,7 +115,8 @@ class TcpRing : public Communicator {
     uint32_t kind;
     uint64_t bytes;
     // Data type and op (allreduce), root (broadcast), a hash of the
-    // lengths (allgather).
+    // lengths (allgather), data type, op and 16 bits of the counts' hash
+    // (reduce-scatter).
     uint32_t detail;
     uint32_t seq;
   };
@@ -161,6 +167,16 @@ class TcpRing : public Communicator {
 
   // "communicator c0 of 3 nodes (node rank 1)".
   std::string Describe() const;
+  // The ring's reduce-scatter steps over the chunks between `offsets`
+  // (size_ + 1 byte offsets): afterwards this node holds chunk
+  // r + 1 + shift reduced over every node (divided by options.divisor);
+  // `input` (may be `bytes`) is only read.
+  absl::Status ReduceSteps(const Header& header, uint8_t* bytes,
+                           const uint8_t* input,
+                           absl::Span<const size_t> offsets, int shift,
+                           v1::DataType dtype, const Deadline& deadline,
+                           const std::string& what,
+                           const CollectiveOptions& options);
   absl::Status Run(const Step& step, const Deadline& deadline,
                    const std::string& what, const CollectiveOptions& options);
   // Fills send_segments_ with what `step` sends, in order: the header,

@@ -111,7 +111,10 @@ class Tensor {
  public:
   int32_t index() const { return index_; }
   const v1::TensorSpec& spec() const { return spec_; }
+  // The result's bytes, and what this trainer writes as its input: the
+  // same, but for an allgather one slice of the result.
   int64_t size_bytes() const { return size_bytes_; }
+  int64_t input_bytes() const { return input_bytes_; }
   // This trainer's input region and the result region. Valid while the
   // client lives; nullptr for a CUDA tensor. A broadcast's root that is its
   // node's only trainer finds the result in its input (the agent sends the
@@ -127,11 +130,13 @@ class Tensor {
   // next_step): 0, except in a trainer that attached in place of a lost one.
   int64_t next_step() const { return next_step_; }
 
-  Tensor(int32_t index, v1::TensorSpec spec, int64_t size_bytes, uint8_t* base,
-         int64_t input_offset, int64_t output_offset, int64_t next_step = 0)
+  Tensor(int32_t index, v1::TensorSpec spec, int64_t size_bytes,
+         int64_t input_bytes, uint8_t* base, int64_t input_offset,
+         int64_t output_offset, int64_t next_step = 0)
       : index_(index),
         spec_(std::move(spec)),
         size_bytes_(size_bytes),
+        input_bytes_(input_bytes),
         base_(base),
         input_offset_(input_offset),
         output_offset_(output_offset),
@@ -141,6 +146,7 @@ class Tensor {
   int32_t index_;
   v1::TensorSpec spec_;
   int64_t size_bytes_;
+  int64_t input_bytes_;
   uint8_t* base_;
   int64_t input_offset_;
   int64_t output_offset_;
@@ -190,6 +196,10 @@ class Client {
   absl::StatusOr<std::shared_ptr<Handle>> BroadcastAsync(const Tensor& tensor,
                                                          int64_t step,
                                                          int32_t root_rank);
+  // Every rank's output becomes every rank's input, in rank order (an
+  // allgather tensor: its spec's shape is [world size, input shape...]).
+  absl::StatusOr<std::shared_ptr<Handle>> AllgatherAsync(const Tensor& tensor,
+                                                         int64_t step);
 
   // Waits until the job runs a generation newer than `after` and returns it;
   // rank() and size() describe it then. After a failed operation pass the

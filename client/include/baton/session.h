@@ -65,11 +65,13 @@ struct DeviceBuffer {
 };
 
 // A declared host tensor's shared memory on this node: this trainer's input
-// region and the result region, size_bytes each (Session::HostRegions).
+// region (input_bytes) and the result region (size_bytes; the same but for
+// an allgather, whose result holds every rank's input) (Session::Regions).
 struct HostRegions {
   uint8_t* input = nullptr;
   const uint8_t* output = nullptr;
   int64_t size_bytes = 0;
+  int64_t input_bytes = 0;
 };
 
 // Bytes of one element of `dtype`; 0 for DATA_TYPE_UNSPECIFIED or unknown.
@@ -84,11 +86,11 @@ using OperationHandle = std::shared_ptr<Operation>;
 // enqueue while another thread synchronizes.
 //
 // Tensor names are unique within a job and bind a name to one dtype, shape,
-// collective (push-pull or broadcast) and kind of memory (host or CUDA, the
-// same on every rank) for the job's lifetime; a CUDA tensor also keeps its
-// buffer. Every rank must start the operations on a name in the same order;
-// a name has at most one operation in flight per trainer (synchronize it
-// before starting the next).
+// collective (push-pull, broadcast, allgather or reduce-scatter) and kind of
+// memory (host or CUDA, the same on every rank) for the job's lifetime; a CUDA
+// tensor also keeps its buffer. Every rank must start the operations on a name
+// in the same order; a name has at most one operation in flight per trainer
+// (synchronize it before starting the next).
 class Session {
  public:
   // Attaches to this node's agent and waits until the job is formed.
@@ -199,6 +201,26 @@ class Session {
                                                  const Buffer& buffer,
                                                  int32_t root_rank);
 
+  // Every rank's `buffer`, stacked in rank order, written to `output` by
+  // Synchronize: size() times the bytes of `buffer`, which every rank
+  // gives with the same dtype and shape (or the operation fails on every
+  // rank naming both). Declares `name` as an allgather tensor of shape
+  // [size(), buffer's shape...] on first use, and anew when the job's world
+  // size changed. The input is copied before this returns.
+  absl::StatusOr<OperationHandle> AllgatherAsync(const std::string& name,
+                                                 const Buffer& buffer,
+                                                 void* output);
+
+  // Reduce-scatter: `buffer` (the same dtype and shape on every rank, its
+  // first dimension a multiple of size()) cut along its first dimension
+  // into size() equal parts; rank r's `output` gets part r summed (or
+  // averaged, or `op`) over every rank, written by Synchronize. Declares
+  // `name` as a reduce-scatter tensor of shape [size(), rows / size(),
+  // ...] on first use, and anew when the world size changed.
+  absl::StatusOr<OperationHandle> ReduceScatterAsync(
+      const std::string& name, const Buffer& buffer, void* output, bool average,
+      v1::ReduceOp op = v1::REDUCE_OP_SUM);
+
   // The same on a CUDA tensor, in place: record the buffer's event after
   // writing the input, then call these. Completion (Poll, Synchronize)
   // means the result is in the buffer; Synchronize copies nothing.
@@ -228,6 +250,13 @@ class Session {
   // BroadcastAsync + Synchronize.
   absl::Status Broadcast(const std::string& name, const Buffer& buffer,
                          int32_t root_rank);
+  // ReduceScatterAsync + Synchronize.
+  absl::Status ReduceScatter(const std::string& name, const Buffer& buffer,
+                             void* output, bool average,
+                             v1::ReduceOp op = v1::REDUCE_OP_SUM);
+  // AllgatherAsync + Synchronize.
+  absl::Status Allgather(const std::string& name, const Buffer& buffer,
+                         void* output);
   // The same on CUDA tensors.
   absl::Status PushPull(const std::string& name, const DeviceBuffer& buffer,
                         bool average, v1::ReduceOp op = v1::REDUCE_OP_SUM);

@@ -187,7 +187,8 @@ TEST_F(AgentErrorsTest, BadEnqueuesFailTheirHandle) {
   status = (*handle)->Wait(kWait);
   EXPECT_THAT(status.message(), HasSubstr("root_rank is 5"));
 
-  const Tensor undeclared(7, g.spec(), g.size_bytes(), nullptr, 0, 0);
+  const Tensor undeclared(7, g.spec(), g.size_bytes(), g.input_bytes(), nullptr,
+                          0, 0);
   handle = c.PushPullAsync(undeclared, 0, false);
   status = (*handle)->Wait(kWait);
   EXPECT_THAT(status.message(), HasSubstr("index is 7"));

@@ -309,7 +309,8 @@ class SchedulerTest : public ::testing::TestWithParam<RoundsOn> {
       SchedulerOptions options = base;
       options.node_rank = rank;
       options.num_nodes = nodes;
-      options.world_size = nodes;
+      // One trainer per node, unless the test lays out its own.
+      if (base.local_sizes.empty()) options.world_size = nodes;
       options.launch_trace = node->trace;
       options.timeline = &node->timeline;
       Node* n = node.get();
@@ -451,6 +452,130 @@ TEST_P(SchedulerTest, RandomSubmissionOrderGivesOneLaunchOrderAndRightSums) {
   }
   EXPECT_EQ(orders[1], orders[0]);
   EXPECT_EQ(orders[2], orders[0]);
+}
+
+// Allgather with 2, 1 and 2 trainers on the nodes (world 5): each node's
+// inputs land at their global ranks' places on every node, for a whole
+// tensor (gathered in the output itself) and one cut in partitions
+// (gathered packed, then spread); both share the launch order.
+TEST_P(SchedulerTest, AllgatherPlacesEveryRanksSliceWholeAndInPartitions) {
+  SchedulerOptions options;
+  options.local_sizes = {2, 1, 2};
+  options.world_size = 5;
+  Start(3, options);
+  const int32_t offsets[] = {0, 2, 3};
+  const int64_t bytes[] = {3000, 4000};    // one rank's slice, per tensor
+  const int64_t partitions[] = {1024, 0};  // 3 partitions, and whole
+  // Rank r's byte i: distinct for every (rank, byte) below 5 x 4000.
+  auto value = [](int64_t r, int64_t i) {
+    return static_cast<uint8_t>((r * 131 + i * 7) % 251);
+  };
+  std::vector<std::vector<std::vector<uint8_t>>> inputs(3), outputs(3);
+  for (auto& node : nodes_) node->plane->SetKnownTensors(2);
+  for (int node = 0; node < 3; ++node) {
+    for (uint32_t t = 0; t < 2; ++t) {
+      auto& in =
+          inputs[node].emplace_back(bytes[t] * options.local_sizes[node]);
+      for (int32_t local = 0; local < options.local_sizes[node]; ++local) {
+        for (int64_t i = 0; i < bytes[t]; ++i) {
+          in[local * bytes[t] + i] = value(offsets[node] + local, i);
+        }
+      }
+      outputs[node].emplace_back(bytes[t] * 5, 0xee);
+    }
+  }
+  OnEveryNode(3, [&](int node) {
+    for (uint32_t t = 0; t < 2; ++t) {
+      auto op = Op(t, static_cast<int32_t>(t), 0, bytes[t], partitions[t]);
+      op->kind = v1::COLLECTIVE_OP_ALLGATHER;
+      op->dtype = v1::DATA_TYPE_UINT8;
+      op->rank_offset = offsets[node];
+      for (int32_t local = 0; local < options.local_sizes[node]; ++local) {
+        op->inputs.push_back(inputs[node][t].data() + local * bytes[t]);
+      }
+      op->output = outputs[node][t].data();
+      nodes_[node]->plane->Submit(std::move(op));
+    }
+  });
+  for (int node = 0; node < 3; ++node) {
+    for (uint32_t t = 0; t < 2; ++t) {
+      ASSERT_TRUE(nodes_[node]->WaitDone(t * 1000 + 1).ok());
+      const std::vector<uint8_t>& out = outputs[node][t];
+      for (int64_t r = 0; r < 5; ++r) {
+        for (int64_t i = 0; i < bytes[t]; ++i) {
+          ASSERT_EQ(out[r * bytes[t] + i], value(r, i))
+              << "node " << node << " tensor " << t << " rank " << r << " byte "
+              << i;
+        }
+      }
+    }
+  }
+  const std::string first = nodes_[0]->Trace();
+  EXPECT_EQ(nodes_[1]->Trace(), first);
+  EXPECT_EQ(nodes_[2]->Trace(), first);
+}
+
+// Reduce-scatter with 2, 1 and 2 trainers on the nodes (world 5), averaged
+// over int32 values: each local trainer gets its global rank's slice of the
+// mean, whole and in partitions.
+TEST_P(SchedulerTest, ReduceScatterGivesEachTrainerItsRanksSlice) {
+  SchedulerOptions options;
+  options.local_sizes = {2, 1, 2};
+  options.world_size = 5;
+  Start(3, options);
+  const int32_t offsets[] = {0, 2, 3};
+  const int64_t elements[] = {700, 1000};  // one rank's slice, per tensor
+  const int64_t partitions[] = {1024, 0};  // 3 partitions, and whole
+  // Rank r's element i of the whole tensor (5 slices).
+  auto value = [](int64_t r, int64_t i) {
+    return static_cast<int32_t>((r + 1) * 10 + i % 97);
+  };
+  std::vector<std::vector<std::vector<int32_t>>> inputs(3), outputs(3);
+  for (auto& node : nodes_) node->plane->SetKnownTensors(2);
+  for (int node = 0; node < 3; ++node) {
+    for (uint32_t t = 0; t < 2; ++t) {
+      auto& in = inputs[node].emplace_back(5 * elements[t] *
+                                           options.local_sizes[node]);
+      for (int32_t local = 0; local < options.local_sizes[node]; ++local) {
+        for (int64_t i = 0; i < 5 * elements[t]; ++i) {
+          in[local * 5 * elements[t] + i] = value(offsets[node] + local, i);
+        }
+      }
+      outputs[node].emplace_back(elements[t] * options.local_sizes[node], -1);
+    }
+  }
+  OnEveryNode(3, [&](int node) {
+    for (uint32_t t = 0; t < 2; ++t) {
+      auto op =
+          Op(t, static_cast<int32_t>(t), 0, elements[t] * 4, partitions[t]);
+      op->kind = v1::COLLECTIVE_OP_REDUCE_SCATTER;
+      op->dtype = v1::DATA_TYPE_INT32;
+      op->average = true;
+      op->rank_offset = offsets[node];
+      for (int32_t local = 0; local < options.local_sizes[node]; ++local) {
+        op->inputs.push_back(reinterpret_cast<const uint8_t*>(
+            inputs[node][t].data() + local * 5 * elements[t]));
+      }
+      op->output = reinterpret_cast<uint8_t*>(outputs[node][t].data());
+      nodes_[node]->plane->Submit(std::move(op));
+    }
+  });
+  for (int node = 0; node < 3; ++node) {
+    for (uint32_t t = 0; t < 2; ++t) {
+      ASSERT_TRUE(nodes_[node]->WaitDone(t * 1000 + 1).ok());
+      for (int32_t local = 0; local < options.local_sizes[node]; ++local) {
+        const int64_t rank = offsets[node] + local;
+        for (int64_t i = 0; i < elements[t]; ++i) {
+          const int64_t at = rank * elements[t] + i;
+          int64_t sum = 0;
+          for (int64_t r = 0; r < 5; ++r) sum += value(r, at);
+          ASSERT_EQ(outputs[node][t][local * elements[t] + i], sum / 5)
+              << "node " << node << " tensor " << t << " rank " << rank
+              << " element " << i;
+        }
+      }
+    }
+  }
 }
 
 // With tuning on, the nodes change partition size and credit only together:

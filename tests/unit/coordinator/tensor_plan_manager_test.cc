@@ -192,14 +192,30 @@ TEST(ValidateSpecTest, RejectsUnknownAndUnspecifiedDtype) {
               HasSubstr(".dtype of tensor \"w\" is unspecified: declare one"));
 }
 
-TEST(ValidateSpecTest, RejectsOpOtherThanPushPullOrBroadcast) {
+TEST(ValidateSpecTest, RejectsAnUnknownOpAndARankStackedShapeWithoutRanks) {
   const absl::Status unspecified = TensorPlanManager::ValidateSpec(
       "x",
       Spec("w", {1}, v1::DATA_TYPE_FLOAT32, v1::COLLECTIVE_OP_UNSPECIFIED));
   EXPECT_EQ(unspecified.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(unspecified.message(),
-            "x.op of tensor \"w\" is unspecified: declare push_pull or "
-            "broadcast");
+            "x.op of tensor \"w\" is unspecified: declare push_pull, "
+            "broadcast, allgather or reduce_scatter");
+  // An allgather's and a reduce-scatter's first dimension is the world
+  // size: at least one.
+  for (v1::CollectiveOp op :
+       {v1::COLLECTIVE_OP_ALLGATHER, v1::COLLECTIVE_OP_REDUCE_SCATTER}) {
+    for (const std::vector<int64_t>& shape :
+         {std::vector<int64_t>{}, std::vector<int64_t>{0, 4}}) {
+      const absl::Status no_ranks = TensorPlanManager::ValidateSpec(
+          "x", Spec("w", shape, v1::DATA_TYPE_FLOAT32, op));
+      EXPECT_EQ(no_ranks.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(no_ranks.message(),
+                  HasSubstr("shape is [world size, one rank's shape...]"));
+    }
+    EXPECT_TRUE(TensorPlanManager::ValidateSpec(
+                    "x", Spec("w", {3, 2}, v1::DATA_TYPE_FLOAT32, op))
+                    .ok());
+  }
   const absl::Status unknown = TensorPlanManager::ValidateSpec(
       "x",
       Spec("w", {1}, v1::DATA_TYPE_FLOAT32, static_cast<v1::CollectiveOp>(7)));

@@ -21,10 +21,12 @@ place. Between nodes they travel over the agents' data plane.
 
 from baton.torch._core import *  # noqa: F401,F403
 from baton.torch._core import __all__ as _core_all
+from baton.torch.collectives import *  # noqa: F401,F403
+from baton.torch.collectives import __all__ as _collectives_all
 from baton.torch.optimizers import DistributedOptimizer, ScheduledOptimizer
 from baton.torch.ddp import DDPCommHookState, ddp_comm_hook
 from baton.torch.compression import Compression
 from baton.torch import elastic  # noqa: F401
 
-__all__ = _core_all + ["DistributedOptimizer", "ScheduledOptimizer", "DDPCommHookState", "ddp_comm_hook",
-                        "Compression"]
+__all__ = _core_all + _collectives_all + ["DistributedOptimizer", "ScheduledOptimizer", "DDPCommHookState", "ddp_comm_hook",
+                                         "Compression"]

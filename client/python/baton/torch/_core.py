@@ -136,9 +136,9 @@ _retired_slots = []
 
 
 class _Pending:
-    __slots__ = ("operation", "tensor", "target", "unnamed_key", "slot")
+    __slots__ = ("operation", "tensor", "target", "unnamed_key", "slot", "finish")
 
-    def __init__(self, operation, tensor, target, unnamed_key, slot=None):
+    def __init__(self, operation, tensor, target, unnamed_key, slot=None, finish=None):
         self.operation = operation
         # Host: what the agent's bytes are written into. CUDA: where the
         # staging tensor is copied after completion (None: nowhere).
@@ -148,6 +148,9 @@ class _Pending:
         self.target = target
         self.unnamed_key = unnamed_key
         self.slot = slot  # the _DeviceSlot of a CUDA tensor
+        # Host: what synchronize() returns is finish(result) when set (an
+        # allgather's padded rows cut out).
+        self.finish = finish
 
 
 class _DeviceSlot:
@@ -352,11 +355,11 @@ def _contiguous(tensor):
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
-def _register(operation, tensor, target, unnamed_key, slot=None):
+def _register(operation, tensor, target, unnamed_key, slot=None, finish=None):
     global _next_handle
     with _lock:
         _next_handle += 1
-        _pending[_next_handle] = _Pending(operation, tensor, target, unnamed_key, slot)
+        _pending[_next_handle] = _Pending(operation, tensor, target, unnamed_key, slot, finish)
         return _next_handle
 
 
@@ -783,11 +786,12 @@ def synchronize(handle, timeout=None):
         finally:
             _forget(handle, pending)
     _forget(handle, pending)
+    result = pending.tensor
     if pending.target is not None:
         with torch.no_grad():
             pending.target.copy_(pending.tensor)
-        return pending.target
-    return pending.tensor
+        result = pending.target
+    return result if pending.finish is None else pending.finish(result)
 
 
 def _synchronize_group(handle, group, timeout):

@@ -239,6 +239,76 @@ TEST_P(GlooCollectivesTest, AllgatherOfUnequalChunks) {
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument) << wrong;
 }
 
+// Reduce-scatter of unequal chunks (node i's: i x the size's elements + 1)
+// on both transports, summed and maxed in every dtype, out of place: each
+// node's own chunk is exact, and the input is only read. Nodes whose
+// counts differ fail.
+TEST_P(GlooCollectivesTest, ReduceScatterOfUnequalChunks) {
+  if (size() == Size::kLarge) GTEST_SKIP() << "covered by kOdd";
+  Cluster cluster(nodes(), kind());
+  ASSERT_TRUE(cluster.Connect());
+  for (v1::ReduceOp op : {v1::REDUCE_OP_SUM, v1::REDUCE_OP_MAX}) {
+    for (v1::DataType dtype : kAllTypes) {
+      SCOPED_TRACE(
+          absl::StrCat(ReduceOpName(op), " ", v1::DataType_Name(dtype)));
+      const size_t element = ElementSize(dtype);
+      const size_t unit = Elements(size(), element);
+      std::vector<size_t> counts;
+      size_t total = 0;
+      for (int i = 0; i < nodes(); ++i) {
+        counts.push_back(static_cast<size_t>(i) * unit + 1);
+        total += counts.back();
+      }
+      std::vector<uint8_t> expected(total * element);
+      for (size_t i = 0; i < total; ++i) {
+        int64_t acc = Value(0, i, dtype);
+        for (int rank = 1; rank < nodes(); ++rank) {
+          const int64_t v = Value(rank, i, dtype);
+          acc = op == v1::REDUCE_OP_SUM ? acc + v : std::max(acc, v);
+        }
+        WriteElement(dtype, expected.data(), i, acc);
+      }
+      OnEveryNode(nodes(), [&](int rank) {
+        const std::vector<uint8_t> input = Values(rank, dtype, total);
+        std::vector<uint8_t> data(input.size(), 0xab);
+        CollectiveOptions options{std::chrono::milliseconds(10000), 0};
+        options.op = op;
+        options.input = input.data();
+        const absl::Status status =
+            cluster.communicators[rank][0]->ReduceScatter(data.data(), counts,
+                                                          dtype, options);
+        ASSERT_TRUE(status.ok()) << "node " << rank << ": " << status;
+        size_t begin = 0;
+        for (int i = 0; i < rank; ++i) begin += counts[i];
+        const std::vector<uint8_t> mine(
+            data.begin() + begin * element,
+            data.begin() + (begin + counts[rank]) * element);
+        const std::vector<uint8_t> want(
+            expected.begin() + begin * element,
+            expected.begin() + (begin + counts[rank]) * element);
+        EXPECT_EQ(mine, want) << "node " << rank;
+        EXPECT_EQ(input, Values(rank, dtype, total)) << "node " << rank;
+      });
+    }
+  }
+  if (kind() == DataTransport::kTcp && nodes() > 1 && nodes() <= 3) {
+    OnEveryNode(nodes(), [&](int rank) {
+      std::vector<size_t> counts(nodes(), 4);
+      if (rank == 0) counts[0] = 5;
+      std::vector<uint8_t> data(4 * (4 * nodes() + 1));
+      const absl::Status status = cluster.communicators[rank][0]->ReduceScatter(
+          data.data(), counts, v1::DATA_TYPE_FLOAT32,
+          CollectiveOptions{std::chrono::milliseconds(10000), 0});
+      EXPECT_FALSE(status.ok()) << "node " << rank;
+      if (rank == 1) {
+        EXPECT_THAT(std::string(status.message()),
+                    HasSubstr("reduce-scatter #"))
+            << status;
+      }
+    });
+  }
+}
+
 // CollectiveOptions.input and divisor: the input is only read, and the
 // output is the sum divided once (an average), the same on every node.
 TEST_P(GlooCollectivesTest, OutOfPlaceAverageLeavesTheInputAlone) {

@@ -287,6 +287,35 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     return bt.allgather_object(obj, name)
 
 
+# --- reducescatter ---
+
+
+def _prescaled(tensor, prescale_factor, postscale_factor, what):
+    if prescale_factor == 1.0 and postscale_factor == 1.0:
+        return tensor
+    if not tensor.is_floating_point():
+        raise ValueError("%s: prescale_factor and postscale_factor take floating-point tensors, not %s" % (what, tensor.dtype))
+    return tensor * prescale_factor
+
+
+def reducescatter(tensor, op=None, name=None, process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's part of `tensor` reduced over every rank (the mean by
+    default), split along the first dimension, the first ranks taking one
+    row more. Not differentiable (Horovod's is)."""
+    _global(process_set, "hvd.reducescatter")
+    out = bt.reducescatter(_prescaled(tensor, prescale_factor, postscale_factor, "hvd.reducescatter"), _op(op), name)
+    return out if postscale_factor == 1.0 else out * postscale_factor
+
+
+def reducescatter_async(tensor, op=None, name=None, process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Starts reducescatter; synchronize(handle) returns this rank's part
+    (postscale_factor is not applied: pass it as prescale_factor)."""
+    _global(process_set, "hvd.reducescatter_async")
+    if postscale_factor != 1.0:
+        raise ValueError("hvd.reducescatter_async: give the factor as prescale_factor (the same result for a sum or mean)")
+    return bt.reducescatter_async(_prescaled(tensor, prescale_factor, 1.0, "hvd.reducescatter_async"), _op(op), name)
+
+
 # --- broadcast ---
 
 
@@ -389,8 +418,6 @@ join = unsupported(
 )
 alltoall = unsupported("hvd.alltoall", "not in baton yet (issue 33)")
 alltoall_async = unsupported("hvd.alltoall_async", "not in baton yet (issue 33)")
-reducescatter = unsupported("hvd.reducescatter", "not in baton yet (issue 33)")
-reducescatter_async = unsupported("hvd.reducescatter_async", "not in baton yet (issue 33)")
 grouped_reducescatter = unsupported("hvd.grouped_reducescatter", "not in baton yet (issue 33)")
 grouped_reducescatter_async = unsupported("hvd.grouped_reducescatter_async", "not in baton yet (issue 33)")
 grouped_allgather = unsupported("hvd.grouped_allgather", "call hvd.allgather_async per tensor")

@@ -1,0 +1,266 @@
+"""Horovod's gathering collectives on baton: allgather (whose tensors'
+first dimension may differ per rank) and allgather_object. baton.torch
+exports them; like the package's other modules this one imports _core,
+never the package.
+
+An allgather takes two rounds. First every rank gathers a small
+descriptor of its tensor (rows, dtype, the other dimensions, and the
+capacity it knows for the name), so that every rank sees the same facts:
+a disagreement raises the same error on every rank before any data moves,
+and every rank picks the same padded shape. Then the agents gather the
+data, each rank's rows padded to that shape (none when the ranks have
+equal rows, the usual case), and synchronize() cuts the padding out.
+"""
+
+import io
+
+import torch
+
+from baton import _baton
+from baton.torch import _core, _cuda
+
+__all__ = ["allgather", "allgather_async", "allgather_object", "reducescatter", "reducescatter_async"]
+
+# The descriptor: rows, dtype code, dimensions, capacity, then the
+# dimensions after the first (TensorSpec allows 8 in all).
+_ROWS, _DTYPE, _NDIM, _CAPACITY, _DIMS = 0, 1, 2, 3, 4
+_MAX_DIMS = 8
+_DESCRIPTOR = _DIMS + _MAX_DIMS - 1
+
+# Name -> the padded rows its last ragged allgather was declared with, so
+# that sizes moving about within a factor of four do not declare the name
+# anew each time. Every rank reports its own in the descriptor and all take
+# the largest, so a rank that joined later agrees with the others.
+_capacity = {}
+
+
+def _unnamed_name(kind):
+    """The name of an unnamed call of `kind` ("Allgather"): calls in flight
+    together are matched across ranks by order (their slot), whatever their
+    tensors, so that ranks whose tensors differ get an error, not a wait."""
+    key = (kind,)
+    with _core._lock:
+        busy = _core._unnamed_busy.setdefault(key, set())
+        slot = 0
+        while slot in busy:
+            slot += 1
+        busy.add(slot)
+    return "%s.noname.%d" % (kind, slot), (key, slot)
+
+
+def _padded_rows(rows, capacity):
+    """Rows each rank sends: exactly the rows when all ranks have as many;
+    otherwise the agreed capacity while it holds the largest and is under
+    four times it, else the next power of two."""
+    need = max(rows)
+    if min(rows) == need:
+        return need
+    if need <= capacity < 4 * max(need, 1):
+        return capacity
+    return 1 << max(need - 1, 0).bit_length()
+
+
+def _describe(tensor, dtype, capacity):
+    descriptor = torch.zeros(_DESCRIPTOR, dtype=torch.int64)
+    descriptor[_ROWS] = tensor.shape[0]
+    descriptor[_DTYPE] = dtype
+    descriptor[_NDIM] = tensor.dim()
+    descriptor[_CAPACITY] = capacity
+    for i, d in enumerate(tensor.shape[1:]):
+        descriptor[_DIMS + i] = d
+    return descriptor
+
+
+def _exchange_descriptors(session, name, host, dtype, capacity=0):
+    """Every rank's descriptor of its tensor, rank after rank (the first
+    round of an allgather or a reduce-scatter, named baton.<name>)."""
+    descriptor = _describe(host, dtype, capacity)
+    gathered = torch.empty((session.size(), _DESCRIPTOR), dtype=torch.int64)
+    meta = session.allgather_async(
+        "baton." + name, descriptor.data_ptr(), _baton.INT64, [_DESCRIPTOR], gathered.data_ptr()
+    )
+    _core.synchronize(_core._register(meta, gathered, None, None))
+    return gathered
+
+
+def _disagreement(what, name, gathered, rows_may_differ):
+    """The error every rank raises when the ranks' tensors do not fit
+    together (each rank holds the same descriptors), or None."""
+    dtypes = {code: str(t).replace("torch.", "") for t, code in _core._DTYPES.items()}
+
+    def ranks_by(values):
+        by = {}
+        for r, v in enumerate(values):
+            by.setdefault(v, []).append(r)
+        return "; ".join("%s on ranks %s" % (v, _ranks_text(rs)) for v, rs in by.items())
+
+    codes = [int(d[_DTYPE]) for d in gathered]
+    if len(set(codes)) > 1:
+        return "%s of %r: the ranks' tensors differ in dtype: %s" % (
+            what,
+            name,
+            ranks_by([dtypes.get(c, c) for c in codes]),
+        )
+    trailing = [tuple(int(x) for x in d[_DIMS : _DIMS + int(d[_NDIM]) - 1]) for d in gathered]
+    if len(set(trailing)) > 1:
+        return "%s of %r: the ranks' tensors differ after the first dimension%s: %s" % (
+            what,
+            name,
+            " (only the first may differ)" if rows_may_differ else "",
+            ranks_by(["[*, %s]" % ", ".join(map(str, t)) for t in trailing]),
+        )
+    rows = [int(d[_ROWS]) for d in gathered]
+    if not rows_may_differ and len(set(rows)) > 1:
+        return "%s of %r: the ranks' tensors differ in the first dimension: %s" % (
+            what,
+            name,
+            ranks_by(rows),
+        )
+    return None
+
+
+def _ranks_text(ranks):
+    return "{%s}" % ",".join(str(r) for r in ranks)
+
+
+def allgather_async(tensor, name=None):
+    """Starts the gathering of `tensor` from every rank, concatenated along
+    the first dimension in rank order (Horovod's allgather_async), and
+    returns a handle for poll() and synchronize(), which returns the new
+    tensor. The ranks' tensors may differ in their first dimension only;
+    otherwise every rank raises ValueError naming what differs and on which
+    ranks, and nothing is gathered. `name` identifies the call across ranks
+    (without one, calls are matched by order). The input is copied before
+    this returns. A CUDA tensor is gathered through a host copy, and the
+    result is returned on its device."""
+    session = _core._require()
+    dtype, host, device = _host_copy(tensor, "allgather tensor %r" % (name,) if name else "allgather tensor")
+    unnamed_key = None
+    if name is None:
+        name, unnamed_key = _unnamed_name("Allgather")
+    try:
+        world = session.size()
+        gathered = _exchange_descriptors(session, "allgather." + name, host, dtype, _capacity.get(name, 0))
+        problem = _disagreement("allgather", name, gathered, rows_may_differ=True)
+        if problem is not None:
+            raise ValueError(problem)
+        rows = [int(r) for r in gathered[:, _ROWS]]
+        padded = _padded_rows(rows, max(int(c) for c in gathered[:, _CAPACITY]))
+        if min(rows) != max(rows):
+            _capacity[name] = padded
+        rest = tuple(host.shape[1:])
+        source = host
+        if host.shape[0] != padded:
+            source = torch.zeros((padded,) + rest, dtype=host.dtype)
+            source[: host.shape[0]] = host
+        output = torch.empty((world, padded) + rest, dtype=host.dtype)
+        operation = session.allgather_async(
+            name, source.data_ptr(), dtype, [padded] + list(rest), output.data_ptr()
+        )
+    except BaseException:
+        _core._release_unnamed(unnamed_key)
+        raise
+
+    def finish(result):
+        if all(r == padded for r in rows):
+            result = result.reshape((world * padded,) + rest)
+        else:
+            result = torch.cat([result[r, :n] for r, n in enumerate(rows)])
+        return result if device is None else result.to(device)
+
+    return _core._register(operation, output, None, unnamed_key, finish=finish)
+
+
+def _host_copy(tensor, label):
+    """(dtype code, dense host tensor, the CUDA device to return to or
+    None) of an allgather's or reduce-scatter's input."""
+    dtype = _core._dtype_of(tensor, label)
+    if tensor.dim() == 0:
+        raise ValueError("%s is a scalar: it is split or joined along its first dimension; pass tensor.reshape(1)" % label)
+    if tensor.dim() > _MAX_DIMS:
+        raise ValueError("%s has %d dimensions; baton takes at most %d" % (label, tensor.dim(), _MAX_DIMS))
+    device = tensor.device if _cuda.is_cuda(tensor) else None
+    host = _core._contiguous(tensor.detach().cpu() if device is not None else tensor.detach())
+    return dtype, host, device
+
+
+def allgather(tensor, name=None):
+    """allgather_async + synchronize: a new tensor holding every rank's
+    `tensor`, concatenated along the first dimension in rank order
+    (Horovod's allgather)."""
+    return _core.synchronize(allgather_async(tensor, name))
+
+
+def allgather_object(obj, name=None):
+    """Every rank's `obj`, as a list in rank order (Horovod's
+    allgather_object): each travels pickled with torch.save, so tensors
+    inside keep their dtype and bytes exactly. Every rank calls it with
+    the same `name` (default "Object.allgather"), in the same order as its
+    other operations."""
+    name = "Object.allgather" if name is None else str(name)
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name + ".bytes")
+    data = allgather(payload, name)
+    objects, at = [], 0
+    for n in sizes.tolist():
+        objects.append(torch.load(io.BytesIO(data[at : at + n].numpy().tobytes())))
+        at += n
+    return objects
+
+
+def reducescatter_async(tensor, op=None, name=None, average=None):
+    """Starts Horovod's reducescatter: `tensor` (the same dtype and shape on
+    every rank) is reduced over all ranks (the mean by default; `op` and
+    `average` as for push_pull) and split along its first dimension, the
+    first ranks taking one row more where it does not divide evenly; this
+    rank's part comes back from synchronize() as a new tensor. Ranks whose
+    tensors differ raise ValueError on every rank naming what differs.
+    `name` identifies the call across ranks (without one, calls are matched
+    by order). The input is copied before this returns; a CUDA tensor goes
+    through a host copy and its part is returned on its device."""
+    session = _core._require()
+    dtype, host, device = _host_copy(tensor, "reducescatter tensor %r" % (name,) if name else "reducescatter tensor")
+    average, op_code = _core._resolve_op(average, op)
+    unnamed_key = None
+    if name is None:
+        name, unnamed_key = _unnamed_name("ReduceScatter")
+    try:
+        world, rank = session.size(), session.rank()
+        gathered = _exchange_descriptors(session, "reducescatter." + name, host, dtype)
+        problem = _disagreement("reducescatter", name, gathered, rows_may_differ=False)
+        if problem is not None:
+            raise ValueError(problem)
+        rows, rest = host.shape[0], tuple(host.shape[1:])
+        counts = [rows // world + (1 if r < rows % world else 0) for r in range(world)]
+        part = counts[0]
+        source = host
+        if rows % world:
+            # Each rank's rows at the start of its equal slot; the padding
+            # is cut off again at synchronize.
+            source = torch.zeros((world * part,) + rest, dtype=host.dtype)
+            begin = 0
+            for r, n in enumerate(counts):
+                source[r * part : r * part + n] = host[begin : begin + n]
+                begin += n
+        output = torch.empty((part,) + rest, dtype=host.dtype)
+        operation = session.reduce_scatter_async(
+            name, source.data_ptr(), dtype, [world * part] + list(rest), output.data_ptr(), average, op_code
+        )
+    except BaseException:
+        _core._release_unnamed(unnamed_key)
+        raise
+    mine = counts[rank]
+
+    def finish(result):
+        result = result[:mine]
+        return result if device is None else result.to(device)
+
+    return _core._register(operation, output, None, unnamed_key, finish=finish)
+
+
+def reducescatter(tensor, op=None, name=None, average=None):
+    """reducescatter_async + synchronize: this rank's part of `tensor`
+    reduced over all ranks (Horovod's reducescatter)."""
+    return _core.synchronize(reducescatter_async(tensor, op, name, average))
