@@ -290,6 +290,16 @@ absl::Status Executor::Execute(Worker& worker, const PartitionTask& task,
   return status;
 }
 
+absl::InlinedVector<size_t, 16> Executor::NodeSpans(size_t per_rank) const {
+  const size_t world = static_cast<size_t>(options_.world_size);
+  absl::InlinedVector<size_t, 16> spans(options_.num_nodes,
+                                        world / options_.num_nodes * per_rank);
+  for (size_t n = 0; n < options_.local_sizes.size(); ++n) {
+    spans[n] = static_cast<size_t>(options_.local_sizes[n]) * per_rank;
+  }
+  return spans;
+}
+
 absl::Status Executor::ExecuteAllgather(Worker& worker,
                                         const PartitionTask& task,
                                         const CollectiveOptions& opts,
@@ -313,12 +323,8 @@ absl::Status Executor::ExecuteAllgather(Worker& worker,
   }
   *reduced_us = NowUs();
   if (options_.num_nodes > 1) {
-    absl::InlinedVector<size_t, 16> lengths(options_.num_nodes,
-                                            world / options_.num_nodes * piece);
-    for (size_t n = 0; n < options_.local_sizes.size(); ++n) {
-      lengths[n] = static_cast<size_t>(options_.local_sizes[n]) * piece;
-    }
-    const absl::Status status = worker.comm->Allgather(gathered, lengths, opts);
+    const absl::Status status =
+        worker.comm->Allgather(gathered, NodeSpans(piece), opts);
     if (!status.ok()) return status;
   }
   if (!whole) {
@@ -358,12 +364,7 @@ absl::Status Executor::ExecuteReduceScatter(Worker& worker,
   const bool average = op.average && options_.world_size > 1;
   uint8_t* mine = packed + static_cast<size_t>(op.rank_offset) * piece;
   if (options_.num_nodes > 1) {
-    absl::InlinedVector<size_t, 16> counts(
-        options_.num_nodes, world / options_.num_nodes * piece / element);
-    for (size_t i = 0; i < options_.local_sizes.size(); ++i) {
-      counts[i] =
-          static_cast<size_t>(options_.local_sizes[i]) * piece / element;
-    }
+    const absl::InlinedVector<size_t, 16> counts = NodeSpans(piece / element);
     opts.op = op.reduce_op;
     if (average) opts.divisor = options_.world_size;
     const absl::Status status =

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/scheduler/launch_queue.h"
@@ -151,6 +152,9 @@ class Executor {
   // buffer, one allreduce over it, each result copied out.
   absl::Status ExecuteFused(Worker& worker, const Launch& launch,
                             int64_t* reduced_us);
+  // Each node's share of a collective whose ranks each hold `per_rank`
+  // units: per_rank times its trainers (options_.local_sizes).
+  absl::InlinedVector<size_t, 16> NodeSpans(size_t per_rank) const;
   // Execute's allgather of a host tensor: the local inputs copied to their
   // ranks' places, then the nodes' spans exchanged.
   absl::Status ExecuteAllgather(Worker& worker, const PartitionTask& task,

@@ -290,21 +290,16 @@ def allgather_object(obj, name=None, process_set=global_process_set):
 # --- reducescatter ---
 
 
-def _prescaled(tensor, prescale_factor, postscale_factor, what):
-    if prescale_factor == 1.0 and postscale_factor == 1.0:
-        return tensor
-    if not tensor.is_floating_point():
-        raise ValueError("%s: prescale_factor and postscale_factor take floating-point tensors, not %s" % (what, tensor.dtype))
-    return tensor * prescale_factor
-
-
 def reducescatter(tensor, op=None, name=None, process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
     """This rank's part of `tensor` reduced over every rank (the mean by
     default), split along the first dimension, the first ranks taking one
     row more. Not differentiable (Horovod's is)."""
     _global(process_set, "hvd.reducescatter")
-    out = bt.reducescatter(_prescaled(tensor, prescale_factor, postscale_factor, "hvd.reducescatter"), _op(op), name)
-    return out if postscale_factor == 1.0 else out * postscale_factor
+    scaling = _scaling(prescale_factor, postscale_factor)
+    if scaling is None:
+        return bt.reducescatter(tensor, _op(op), name)
+    payload, ctx = scaling.compress(tensor)
+    return scaling.decompress(bt.reducescatter(payload, _op(op), name), ctx)
 
 
 def reducescatter_async(tensor, op=None, name=None, process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
@@ -313,7 +308,9 @@ def reducescatter_async(tensor, op=None, name=None, process_set=global_process_s
     _global(process_set, "hvd.reducescatter_async")
     if postscale_factor != 1.0:
         raise ValueError("hvd.reducescatter_async: give the factor as prescale_factor (the same result for a sum or mean)")
-    return bt.reducescatter_async(_prescaled(tensor, prescale_factor, 1.0, "hvd.reducescatter_async"), _op(op), name)
+    scaling = _scaling(prescale_factor, 1.0)
+    payload = tensor if scaling is None else scaling.compress(tensor)[0]
+    return bt.reducescatter_async(payload, _op(op), name)
 
 
 # --- broadcast ---
