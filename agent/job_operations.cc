@@ -187,8 +187,9 @@ void JobOperations::MakeReady(PendingOp& pending) {
   op->dtype = tensor.spec.dtype();
   op->average = enqueue.average;
   op->reduce_op = static_cast<v1::ReduceOp>(enqueue.reduce_op);
-  // One rank's slice: an allgather's input, a reduce-scatter's result.
-  op->size_bytes = std::min(tensor.input_bytes, tensor.size_bytes);
+  // One rank's slice: an allgather's input, a reduce-scatter's result, an
+  // alltoall's block.
+  op->size_bytes = SliceSizeBytes(tensor.spec);
   op->ready_unix_us = absl::ToUnixMicros(now);
   if (tensor.on_device()) {
     op->on_device = true;

@@ -46,9 +46,9 @@ absl::StatusOr<std::unique_ptr<LocalTensor>> LocalTensor::Create(
   }
   const int64_t input_region =
       AlignUp(std::max<int64_t>(tensor->input_bytes, 1));
-  // A reduce-scatter's local ranks each receive their own chunk.
-  const int64_t outputs =
-      spec.op() == v1::COLLECTIVE_OP_REDUCE_SCATTER ? local_size : 1;
+  // A reduce-scatter's and an alltoall's local ranks each receive their
+  // own result.
+  const int64_t outputs = ResultPerRank(spec.op()) ? local_size : 1;
   const int64_t output_region =
       AlignUp(std::max<int64_t>(tensor->size_bytes * outputs, 1));
   // The output never aliases an input, even with one trainer: after an
@@ -66,9 +66,8 @@ absl::StatusOr<std::unique_ptr<LocalTensor>> LocalTensor::Create(
 }
 
 int64_t LocalTensor::output_offset_of(int32_t local_rank) const {
-  return spec.op() == v1::COLLECTIVE_OP_REDUCE_SCATTER
-             ? output_offset + local_rank * size_bytes
-             : output_offset;
+  return ResultPerRank(spec.op()) ? output_offset + local_rank * size_bytes
+                                  : output_offset;
 }
 
 }  // namespace baton::agent

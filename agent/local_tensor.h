@@ -50,7 +50,8 @@ struct LocalTensor {
 
   bool on_device() const { return spec.memory() == v1::MEMORY_KIND_CUDA; }
   // Where local rank `local_rank` reads its result: the output region, or
-  // for a reduce-scatter that rank's chunk of it (local_size chunks).
+  // for a reduce-scatter or an alltoall that rank's own part of it
+  // (local_size parts, ResultPerRank).
   int64_t output_offset_of(int32_t local_rank) const;
 
   // Creates the shared memory for `local_size` trainers (none for a CUDA

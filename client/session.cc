@@ -325,6 +325,7 @@ class Session::Impl {
         handle = client_->BroadcastAsync(*tensor, step, root_rank);
         break;
       case v1::COLLECTIVE_OP_ALLGATHER:
+      case v1::COLLECTIVE_OP_ALLTOALL:
         handle = client_->AllgatherAsync(*tensor, step);
         break;
       default:  // push-pull and reduce-scatter enqueue alike
@@ -671,27 +672,50 @@ absl::StatusOr<OperationHandle> Session::AllgatherAsync(const std::string& name,
   return impl_->Start(request);
 }
 
-absl::StatusOr<OperationHandle> Session::ReduceScatterAsync(
-    const std::string& name, const Buffer& buffer, void* output, bool average,
-    v1::ReduceOp op) {
+absl::StatusOr<std::vector<int64_t>> Session::RankStacked(
+    const std::string& what, const std::string& name,
+    const Buffer& buffer) const {
   const int32_t world = size();
   if (buffer.shape.empty() || buffer.shape[0] % world != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "reduce_scatter of \"", name, "\": the buffer's shape [",
+        what, " of \"", name, "\": the buffer's shape [",
         absl::StrJoin(buffer.shape, ", "), "] does not split into ", world,
         " equal parts along its first dimension; give a multiple of the "
         "world size"));
   }
   std::vector<int64_t> stacked = {world, buffer.shape[0] / world};
   stacked.insert(stacked.end(), buffer.shape.begin() + 1, buffer.shape.end());
+  return stacked;
+}
+
+absl::StatusOr<OperationHandle> Session::ReduceScatterAsync(
+    const std::string& name, const Buffer& buffer, void* output, bool average,
+    v1::ReduceOp op) {
+  absl::StatusOr<std::vector<int64_t>> stacked =
+      RankStacked("reduce_scatter", name, buffer);
+  if (!stacked.ok()) return stacked.status();
   OperationRequest request;
   request.spec =
-      MakeSpec(name, buffer.dtype, stacked, v1::COLLECTIVE_OP_REDUCE_SCATTER,
+      MakeSpec(name, buffer.dtype, *stacked, v1::COLLECTIVE_OP_REDUCE_SCATTER,
                v1::MEMORY_KIND_HOST);
   request.input = buffer.data;
   request.output = output;
   request.average = average;
   request.reduce_op = op;
+  return impl_->Start(request);
+}
+
+absl::StatusOr<OperationHandle> Session::AlltoallAsync(const std::string& name,
+                                                       const Buffer& buffer,
+                                                       void* output) {
+  absl::StatusOr<std::vector<int64_t>> stacked =
+      RankStacked("alltoall", name, buffer);
+  if (!stacked.ok()) return stacked.status();
+  OperationRequest request;
+  request.spec = MakeSpec(name, buffer.dtype, *stacked,
+                          v1::COLLECTIVE_OP_ALLTOALL, v1::MEMORY_KIND_HOST);
+  request.input = buffer.data;
+  request.output = output;
   return impl_->Start(request);
 }
 
@@ -742,6 +766,13 @@ absl::Status Session::Broadcast(const std::string& name, const Buffer& buffer,
                                 int32_t root_rank) {
   absl::StatusOr<OperationHandle> handle =
       BroadcastAsync(name, buffer, root_rank);
+  if (!handle.ok()) return handle.status();
+  return Synchronize(*handle);
+}
+
+absl::Status Session::Alltoall(const std::string& name, const Buffer& buffer,
+                               void* output) {
+  absl::StatusOr<OperationHandle> handle = AlltoallAsync(name, buffer, output);
   if (!handle.ok()) return handle.status();
   return Synchronize(*handle);
 }

@@ -48,12 +48,10 @@ absl::Status ValidateTensorSpec(const std::string& what,
                             "bfloat16, int32, int64, uint8, int8"));
   }
   if (spec.op() != v1::COLLECTIVE_OP_PUSH_PULL &&
-      spec.op() != v1::COLLECTIVE_OP_BROADCAST &&
-      spec.op() != v1::COLLECTIVE_OP_ALLGATHER &&
-      spec.op() != v1::COLLECTIVE_OP_REDUCE_SCATTER) {
+      spec.op() != v1::COLLECTIVE_OP_BROADCAST && !IsRankStacked(spec.op())) {
     return bad("op", absl::StrCat("is ", OpText(spec.op()),
-                                  ": declare push_pull, broadcast, allgather "
-                                  "or reduce_scatter"));
+                                  ": declare push_pull, broadcast, allgather, "
+                                  "reduce_scatter or alltoall"));
   }
   if (!v1::MemoryKind_IsValid(spec.memory())) {
     return bad("memory", absl::StrCat("is ", MemoryText(spec.memory()),
@@ -103,7 +101,13 @@ int64_t TensorSizeBytes(const v1::TensorSpec& spec) {
 
 bool IsRankStacked(v1::CollectiveOp op) {
   return op == v1::COLLECTIVE_OP_ALLGATHER ||
-         op == v1::COLLECTIVE_OP_REDUCE_SCATTER;
+         op == v1::COLLECTIVE_OP_REDUCE_SCATTER ||
+         op == v1::COLLECTIVE_OP_ALLTOALL;
+}
+
+bool ResultPerRank(v1::CollectiveOp op) {
+  return op == v1::COLLECTIVE_OP_REDUCE_SCATTER ||
+         op == v1::COLLECTIVE_OP_ALLTOALL;
 }
 
 namespace {
@@ -121,6 +125,11 @@ int64_t InputSizeBytes(const v1::TensorSpec& spec) {
   const int64_t bytes = TensorSizeBytes(spec);
   return spec.op() == v1::COLLECTIVE_OP_ALLGATHER ? RankSliceBytes(spec, bytes)
                                                   : bytes;
+}
+
+int64_t SliceSizeBytes(const v1::TensorSpec& spec) {
+  const int64_t bytes = TensorSizeBytes(spec);
+  return IsRankStacked(spec.op()) ? RankSliceBytes(spec, bytes) : bytes;
 }
 
 int64_t ResultSizeBytes(const v1::TensorSpec& spec) {
@@ -143,6 +152,7 @@ std::string OpText(v1::CollectiveOp op) {
   if (op == v1::COLLECTIVE_OP_BROADCAST) return "broadcast";
   if (op == v1::COLLECTIVE_OP_ALLGATHER) return "allgather";
   if (op == v1::COLLECTIVE_OP_REDUCE_SCATTER) return "reduce_scatter";
+  if (op == v1::COLLECTIVE_OP_ALLTOALL) return "alltoall";
   if (op == v1::COLLECTIVE_OP_UNSPECIFIED) return "unspecified";
   return absl::StrCat(static_cast<int>(op), ", not a known CollectiveOp");
 }

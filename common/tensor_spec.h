@@ -43,8 +43,15 @@ absl::Status ValidateTensorSpec(const std::string& what,
 int64_t TensorSizeBytes(const v1::TensorSpec& spec);
 
 // Whether a spec of `op` has the world size as its first dimension, one
-// slice per rank: ALLGATHER (the result) and REDUCE_SCATTER (the input).
+// slice per rank: ALLGATHER (the result), REDUCE_SCATTER (the input) and
+// ALLTOALL (both: a block per destination, then a block per source).
 bool IsRankStacked(v1::CollectiveOp op);
+// Whether each rank of `op` receives a result of its own (REDUCE_SCATTER,
+// ALLTOALL), not the one every rank receives.
+bool ResultPerRank(v1::CollectiveOp op);
+// One rank's slice of a rank-stacked spec (the bytes over shape[0]), what
+// an operation's partitions divide; TensorSizeBytes for the others.
+int64_t SliceSizeBytes(const v1::TensorSpec& spec);
 // What one rank writes for one operation: TensorSizeBytes, but for an
 // allgather one slice of it (the bytes over shape[0]); -1 as there.
 int64_t InputSizeBytes(const v1::TensorSpec& spec);
@@ -54,8 +61,8 @@ int64_t ResultSizeBytes(const v1::TensorSpec& spec);
 
 // "float32"; "unspecified"; "42, not a known DataType".
 std::string DtypeText(v1::DataType dtype);
-// "push_pull", "broadcast", "allgather", "reduce_scatter"; "unspecified"; "7,
-// not a known CollectiveOp".
+// "push_pull", "broadcast", "allgather", "reduce_scatter", "alltoall";
+// "unspecified"; "7, not a known CollectiveOp".
 std::string OpText(v1::CollectiveOp op);
 // "host", "cuda"; "5, not a known MemoryKind".
 std::string MemoryText(v1::MemoryKind memory);

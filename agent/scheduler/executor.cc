@@ -250,6 +250,8 @@ absl::Status Executor::Execute(Worker& worker, const PartitionTask& task,
     status = ExecuteAllgather(worker, task, opts, reduced_us);
   } else if (op.kind == v1::COLLECTIVE_OP_REDUCE_SCATTER) {
     status = ExecuteReduceScatter(worker, task, opts, reduced_us);
+  } else if (op.kind == v1::COLLECTIVE_OP_ALLTOALL) {
+    status = ExecuteAlltoall(worker, task, opts, reduced_us);
   } else if (op.kind == v1::COLLECTIVE_OP_BROADCAST) {
     uint8_t* data = out;
     if (op.root_local >= 0 && op.inputs.size() == 1) {
@@ -375,6 +377,65 @@ absl::Status Executor::ExecuteReduceScatter(Worker& worker,
   }
   for (size_t i = 0; i < n; ++i) {
     std::memcpy(op.output + i * slice + task.offset, mine + i * piece, piece);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::ExecuteAlltoall(Worker& worker,
+                                       const PartitionTask& task,
+                                       const CollectiveOptions& opts,
+                                       int64_t* reduced_us) {
+  // Block d of local trainer i's input goes to rank d, as block
+  // rank_offset + i of its output. Node s's chunk for node m holds, for
+  // each of m's ranks in order, this partition of the block from each of
+  // s's ranks in order: piece * trainers(s) * trainers(m) bytes.
+  const Operation& op = *task.op;
+  const size_t piece = static_cast<size_t>(task.length);
+  const size_t block = static_cast<size_t>(op.size_bytes);
+  const size_t world = static_cast<size_t>(options_.world_size);
+  const size_t nodes = static_cast<size_t>(options_.num_nodes);
+  const size_t n = op.inputs.size();
+  const absl::InlinedVector<size_t, 16> trainers = NodeSpans(1);
+  absl::InlinedVector<size_t, 16> first(nodes + 1, 0);  // a node's first rank
+  for (size_t m = 0; m < nodes; ++m) first[m + 1] = first[m] + trainers[m];
+  std::vector<size_t> lengths(nodes * nodes);
+  for (size_t s = 0; s < nodes; ++s) {
+    for (size_t m = 0; m < nodes; ++m) {
+      lengths[s * nodes + m] = piece * trainers[s] * trainers[m];
+    }
+  }
+  *reduced_us = NowUs();
+  if (n == 1 && piece == block && nodes > 1) {
+    // Laid out as the nodes exchange them already.
+    return worker.comm->Alltoall(op.inputs[0], op.output, lengths, opts);
+  }
+  const size_t bytes = piece * n * world;
+  if (worker.fused.size() < 2 * bytes) worker.fused.resize(2 * bytes);
+  uint8_t* packed = worker.fused.data();
+  uint8_t* at = packed;
+  for (size_t d = 0; d < world; ++d) {
+    for (size_t i = 0; i < n; ++i) {
+      std::memcpy(at, op.inputs[i] + d * block + task.offset, piece);
+      at += piece;
+    }
+  }
+  uint8_t* received = packed;
+  if (nodes > 1) {
+    received = packed + bytes;
+    const absl::Status status =
+        worker.comm->Alltoall(packed, received, lengths, opts);
+    if (!status.ok()) return status;
+  }
+  // From node s: for each local trainer j, the pieces of s's ranks.
+  at = received;
+  for (size_t s = 0; s < nodes; ++s) {
+    for (size_t j = 0; j < n; ++j) {
+      uint8_t* output = op.output + j * world * block;
+      for (size_t source = first[s]; source < first[s + 1]; ++source) {
+        std::memcpy(output + source * block + task.offset, at, piece);
+        at += piece;
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -166,6 +166,13 @@ class Executor {
   absl::Status ExecuteReduceScatter(Worker& worker, const PartitionTask& task,
                                     CollectiveOptions opts,
                                     int64_t* reduced_us);
+  // Execute's alltoall of a host tensor: the local inputs' blocks packed by
+  // destination node, the nodes' chunks exchanged, each block put in its
+  // local trainer's output (none of it copied where a node has one
+  // trainer and the task is the whole tensor).
+  absl::Status ExecuteAlltoall(Worker& worker, const PartitionTask& task,
+                               const CollectiveOptions& opts,
+                               int64_t* reduced_us);
   // The same for a CUDA tensor, on the device worker.
   absl::Status ExecuteOnDevice(Worker& worker, const PartitionTask& task,
                                int64_t* reduced_us);

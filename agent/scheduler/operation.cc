@@ -20,6 +20,8 @@ const char* CollectiveName(v1::CollectiveOp kind) {
       return "allgather";
     case v1::COLLECTIVE_OP_REDUCE_SCATTER:
       return "reduce_scatter";
+    case v1::COLLECTIVE_OP_ALLTOALL:
+      return "alltoall";
     default:
       return "push_pull";
   }

@@ -69,13 +69,15 @@ struct Operation {
   int32_t root_rank = -1;
   int32_t root_node = -1;
   int32_t root_local = -1;
-  // ALLGATHER and REDUCE_SCATTER: the global rank of this node's first
-  // local trainer; its slices sit at (rank_offset + i) * size_bytes.
+  // ALLGATHER, REDUCE_SCATTER and ALLTOALL (IsRankStacked): the global rank
+  // of this node's first local trainer; its slices sit at (rank_offset + i)
+  // * size_bytes.
   int32_t rank_offset = 0;
   // Bytes of one rank's slice, what partitions divide: the input and the
   // result, except that an ALLGATHER's output holds world_size times as
   // many, and a REDUCE_SCATTER's inputs do (its output: one slice per local
-  // trainer).
+  // trainer); an ALLTOALL's inputs and outputs (one per local trainer)
+  // hold world_size blocks of size_bytes.
   int64_t size_bytes = 0;
   // Bytes per partition the job asked for (a multiple of 8; the last one
   // may be shorter); 0: the scheduler's own, tuned size (priority mode).

@@ -74,6 +74,15 @@ class PoisonState {
     }
     return CheckAllgatherArguments(data, lengths, size, on);
   }
+  absl::Status CheckAlltoall(const void* send, const void* recv,
+                             absl::Span<const size_t> lengths, int rank,
+                             int size, const CollectiveOptions& options,
+                             const std::string& on) const {
+    if (absl::Status usable = CheckUsable(options, on); !usable.ok()) {
+      return usable;
+    }
+    return CheckAlltoallArguments(send, recv, lengths, rank, size, on);
+  }
   absl::Status CheckReduceScatter(const void* data,
                                   absl::Span<const size_t> counts,
                                   v1::DataType dtype, int size,

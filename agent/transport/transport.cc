@@ -132,6 +132,18 @@ absl::Status Communicator::Allgather(void* data,
       "(--data_transport=tcp) or gloo");
 }
 
+absl::Status Communicator::Alltoall(const void* send, void* recv,
+                                    absl::Span<const size_t> lengths,
+                                    const CollectiveOptions& options) {
+  (void)send;
+  (void)recv;
+  (void)lengths;
+  (void)options;
+  return absl::UnimplementedError(
+      "alltoall is not implemented by this transport; use the TCP rings "
+      "(--data_transport=tcp) or gloo");
+}
+
 namespace {
 
 // *total = the sum of `values`; false when it overflows.
@@ -194,6 +206,34 @@ absl::Status CheckAllgatherArguments(const void* data,
   if (total > 0 && data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "allgather of ", total, " bytes on ", on, ": data is null"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAlltoallArguments(const void* send, const void* recv,
+                                    absl::Span<const size_t> lengths, int rank,
+                                    int size, const std::string& on) {
+  const size_t n = static_cast<size_t>(size);
+  if (lengths.size() != n * n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "alltoall on ", on, ": ", lengths.size(), " lengths for ", size,
+        " members; give one per pair of members (", n * n, ")"));
+  }
+  size_t total = 0;
+  if (!SumFits(lengths, &total)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alltoall on ", on, ": the lengths overflow"));
+  }
+  size_t sent = 0;
+  size_t received = 0;
+  for (size_t other = 0; other < n; ++other) {
+    sent += lengths[static_cast<size_t>(rank) * n + other];
+    received += lengths[other * n + static_cast<size_t>(rank)];
+  }
+  if ((sent > 0 && send == nullptr) || (received > 0 && recv == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "alltoall sending ", sent, " and receiving ", received, " bytes on ",
+        on, ": ", send == nullptr ? "send" : "recv", " is null"));
   }
   return absl::OkStatus();
 }

@@ -68,6 +68,18 @@ class Communicator {
                                      v1::DataType dtype,
                                      const CollectiveOptions& options);
 
+  // Every member sends every member a chunk of its own: member s's chunk
+  // for member d is lengths[s * size() + d] bytes (any of them may be 0).
+  // `send` holds this member's chunks in member order (chunk d at the sum
+  // of its row before d); `recv` receives the chunks for this member in
+  // member order (chunk s at the sum of its column before s), this
+  // member's own included. `lengths` has size() * size() entries and is
+  // the same on every member (members that disagree fail); send and recv
+  // do not overlap. The default: UNIMPLEMENTED naming the transport.
+  virtual absl::Status Alltoall(const void* send, void* recv,
+                                absl::Span<const size_t> lengths,
+                                const CollectiveOptions& options);
+
   virtual bool poisoned() const = 0;
 
   // Bytes of data its allreduces did not need to send since it connected
@@ -163,6 +175,13 @@ absl::Status CheckReduceScatterArguments(const void* data,
                                          v1::DataType dtype, int size,
                                          const CollectiveOptions& options,
                                          const std::string& on);
+
+// INVALID_ARGUMENT naming `on` unless `lengths` has `size` * `size`
+// entries whose rows and columns add up without overflow, and `send` and
+// `recv` are non-null where this member (`rank`) sends or receives bytes.
+absl::Status CheckAlltoallArguments(const void* send, const void* recv,
+                                    absl::Span<const size_t> lengths, int rank,
+                                    int size, const std::string& on);
 
 // Allgather's lengths as its members compare them (TcpRing's header,
 // gloo's tag): FNV-1a folded to 32 bits.

@@ -285,6 +285,7 @@ PYBIND11_MODULE(_baton, m) {
   m.attr("BROADCAST") = static_cast<int>(v1::COLLECTIVE_OP_BROADCAST);
   m.attr("ALLGATHER") = static_cast<int>(v1::COLLECTIVE_OP_ALLGATHER);
   m.attr("REDUCE_SCATTER") = static_cast<int>(v1::COLLECTIVE_OP_REDUCE_SCATTER);
+  m.attr("ALLTOALL") = static_cast<int>(v1::COLLECTIVE_OP_ALLTOALL);
   m.attr("REDUCE_SUM") = static_cast<int>(v1::REDUCE_OP_SUM);
   m.attr("REDUCE_MIN") = static_cast<int>(v1::REDUCE_OP_MIN);
   m.attr("REDUCE_MAX") = static_cast<int>(v1::REDUCE_OP_MAX);
@@ -455,6 +456,23 @@ PYBIND11_MODULE(_baton, m) {
           "Copies `data` in (its first dimension a multiple of size()) and "
           "starts the reduce-scatter; synchronize() writes this rank's part "
           "(1/size() of the bytes) to `output`.")
+      .def(
+          "alltoall_async",
+          [](Session& s, const std::string& name, uintptr_t data, int dtype,
+             std::vector<int64_t> shape, uintptr_t output) {
+            baton::Buffer buffer = MakeBuffer(data, dtype, std::move(shape));
+            py::gil_scoped_release release;
+            return PyOperation{
+                Check(s.AlltoallAsync(name, buffer,
+                                      reinterpret_cast<void*>(output))),
+                name};
+          },
+          py::arg("name"), py::arg("data"), py::arg("dtype"), py::arg("shape"),
+          py::arg("output"),
+          "Copies `data` in (its first dimension a multiple of size(), one "
+          "block per rank) and starts the alltoall; synchronize() writes "
+          "block r of every rank r, in rank order, to `output` (as many "
+          "bytes as `data`).")
       .def(
           "push_pull_device_async",
           [](Session& s, const std::string& name, int dtype,

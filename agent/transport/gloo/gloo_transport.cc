@@ -24,6 +24,7 @@
 #include "agent/transport/tcp/tcp_peers.h"
 #include "gloo/allgatherv.h"
 #include "gloo/allreduce.h"
+#include "gloo/alltoallv.h"
 #include "gloo/broadcast.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
@@ -341,6 +342,43 @@ absl::Status GlooCommunicator::Allgather(void* data,
         WireTag(options.tag, total, static_cast<int>(LengthsHash(lengths))));
     opts.setTimeout(options.timeout);
     gloo::allgatherv(opts);
+  });
+}
+
+absl::Status GlooCommunicator::Alltoall(const void* send, void* recv,
+                                        absl::Span<const size_t> lengths,
+                                        const CollectiveOptions& options) {
+  if (absl::Status valid = poison_.CheckAlltoall(send, recv, lengths, rank_,
+                                                 size_, options, Describe());
+      !valid.ok()) {
+    return valid;
+  }
+  const size_t n = static_cast<size_t>(size_);
+  const size_t me = static_cast<size_t>(rank_);
+  std::vector<int64_t> sent(n);
+  std::vector<int64_t> received(n);
+  size_t total = 0;
+  for (size_t other = 0; other < n; ++other) {
+    sent[other] = static_cast<int64_t>(lengths[me * n + other]);
+    received[other] = static_cast<int64_t>(lengths[other * n + me]);
+  }
+  for (size_t length : lengths) total += length;
+  if (total == 0) return absl::OkStatus();
+  if (size_ == 1) {
+    std::memcpy(recv, send, lengths[0]);
+    return absl::OkStatus();
+  }
+  const std::string what = absl::StrCat("alltoall of ", total, " bytes");
+  return Run(what, [&] {
+    gloo::AlltoallvOptions opts(context_);
+    // gloo only reads the input.
+    opts.setInput(static_cast<uint8_t*>(const_cast<void*>(send)), sent);
+    opts.setOutput(static_cast<uint8_t*>(recv), received);
+    // Members that disagree on the lengths never match (a timeout).
+    opts.setTag(
+        WireTag(options.tag, total, static_cast<int>(LengthsHash(lengths))));
+    opts.setTimeout(options.timeout);
+    gloo::alltoallv(opts);
   });
 }
 

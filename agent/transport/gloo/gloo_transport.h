@@ -123,6 +123,10 @@ class GlooCommunicator : public Communicator {
   // gloo::allgatherv.
   absl::Status Allgather(void* data, absl::Span<const size_t> lengths,
                          const CollectiveOptions& options) override;
+  // gloo::alltoallv.
+  absl::Status Alltoall(const void* send, void* recv,
+                        absl::Span<const size_t> lengths,
+                        const CollectiveOptions& options) override;
 
   bool poisoned() const override { return poison_.is_set(); }
 

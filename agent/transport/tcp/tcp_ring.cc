@@ -24,6 +24,7 @@ constexpr uint32_t kAllreduce = 1;
 constexpr uint32_t kBroadcast = 2;
 constexpr uint32_t kAllgather = 3;
 constexpr uint32_t kReduceScatter = 4;
+constexpr uint32_t kAlltoall = 5;
 // Preamble formats: "DENS" (every byte follows), "SPRS" (a bitmap, then the
 // blocks it marks).
 constexpr uint32_t kDenseFrame = 0x534e4544;
@@ -39,6 +40,7 @@ const char* KindName(uint32_t kind) {
          : kind == kBroadcast     ? "broadcast"
          : kind == kAllgather     ? "allgather"
          : kind == kReduceScatter ? "reduce-scatter"
+         : kind == kAlltoall      ? "alltoall"
                                   : "an unknown collective";
 }
 
@@ -138,8 +140,9 @@ absl::Status TcpRing::HeaderMismatch(const Header& mine, const Header& theirs,
   }
   const auto describe = [](const Header& h) {
     const std::string detail =
-        h.kind == kBroadcast   ? absl::StrCat("root ", h.detail)
-        : h.kind == kAllgather ? absl::StrCat("lengths ", absl::Hex(h.detail))
+        h.kind == kBroadcast ? absl::StrCat("root ", h.detail)
+        : h.kind == kAllgather || h.kind == kAlltoall
+            ? absl::StrCat("lengths ", absl::Hex(h.detail))
         : h.kind == kReduceScatter
             ? absl::StrCat("dtype ", h.detail & 0xffu, ", ",
                            ReduceOpName(static_cast<v1::ReduceOp>(
@@ -705,6 +708,88 @@ absl::Status TcpRing::Allgather(void* data, absl::Span<const size_t> lengths,
         !status.ok()) {
       return status;
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TcpRing::Alltoall(const void* send, void* recv,
+                               absl::Span<const size_t> lengths,
+                               const CollectiveOptions& options) {
+  if (absl::Status valid = poison_.CheckAlltoall(send, recv, lengths, rank_,
+                                                 size_, options, Describe());
+      !valid.ok()) {
+    return valid;
+  }
+  const size_t n = static_cast<size_t>(size_);
+  const auto length = [&](int from, int to) {
+    return lengths[static_cast<size_t>(from) * n + static_cast<size_t>(to)];
+  };
+  // Where this node's chunk for d sits in `send`, and where the chunk from
+  // s goes in `recv`.
+  std::vector<size_t> send_at(n, 0);
+  std::vector<size_t> recv_at(n, 0);
+  size_t total = 0;
+  size_t widest = 0;  // the most one node sends
+  for (int s = 0; s < size_; ++s) {
+    size_t row = 0;
+    for (int d = 0; d < size_; ++d) row += length(s, d);
+    widest = std::max(widest, row);
+    total += row;
+  }
+  for (int i = 1; i < size_; ++i) {
+    send_at[i] = send_at[i - 1] + length(rank_, i - 1);
+    recv_at[i] = recv_at[i - 1] + length(i - 1, rank_);
+  }
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  if (length(rank_, rank_) > 0) {
+    std::memcpy(out + recv_at[rank_], in + send_at[rank_],
+                length(rank_, rank_));
+  }
+  if (size_ == 1 || total == 0) return absl::OkStatus();
+  const std::string what =
+      absl::StrCat("alltoall of ", total, " bytes on ", Describe());
+  if (scratch_.empty()) scratch_.resize(kSegmentBytes);
+  for (std::vector<uint8_t>& relay : relay_) {
+    if (relay.size() < widest) relay.resize(widest);
+  }
+  // The first step sends this node's chunks for the nodes after it, in
+  // ring order.
+  uint8_t* sending = relay_[0].data();
+  size_t send_bytes = 0;
+  for (int k = 1; k < size_; ++k) {
+    const int d = Wrap(rank_ + k);
+    std::memcpy(sending + send_bytes, in + send_at[d], length(rank_, d));
+    send_bytes += length(rank_, d);
+  }
+  const Header header = {kMagic, kAlltoall, total, LengthsHash(lengths),
+                         seq_++};
+  const Deadline deadline(*clock_, absl::FromChrono(options.timeout));
+  for (int k = 1; k < size_; ++k) {
+    // Node r - k's chunks for this node and the N - k - 1 after it come
+    // in; the first is this node's, the rest go on at the next step.
+    const int from = Wrap(rank_ - k);
+    uint8_t* receiving = relay_[k % 2].data();
+    size_t recv_bytes = 0;
+    for (int j = 0; j < size_ - k; ++j) {
+      recv_bytes += length(from, Wrap(rank_ + j));
+    }
+    Step step;
+    step.header = &header;
+    step.send_header = step.recv_header = k == 1;
+    step.framed = true;
+    step.send = sending;
+    step.send_bytes = send_bytes;
+    step.recv = receiving;
+    step.recv_bytes = recv_bytes;
+    if (absl::Status status = Run(step, deadline, what, options);
+        !status.ok()) {
+      return status;
+    }
+    const size_t mine = length(from, rank_);
+    if (mine > 0) std::memcpy(out + recv_at[from], receiving, mine);
+    sending = receiving + mine;
+    send_bytes = recv_bytes - mine;
   }
   return absl::OkStatus();
 }

@@ -97,6 +97,15 @@ class TcpRing : public Communicator {
   absl::Status ReduceScatter(void* data, absl::Span<const size_t> counts,
                              v1::DataType dtype,
                              const CollectiveOptions& options) override;
+  // A relay along the ring in N-1 steps: at step k each node passes on
+  // what node r - k + 1 sent for the nodes after this one (its own chunks
+  // at the first step), keeping the chunk meant for itself of what it
+  // receives; each link carries N(N-1)/2 chunks, in blocks whose zeros are
+  // left out as an allgather's are. Nodes whose lengths differ fail at the
+  // first step.
+  absl::Status Alltoall(const void* send, void* recv,
+                        absl::Span<const size_t> lengths,
+                        const CollectiveOptions& options) override;
   bool poisoned() const override { return poison_.is_set(); }
   // Thread-safe: a collective in flight fails at once with `status`. The
   // connections stay open (a re-form may keep them).
@@ -115,8 +124,8 @@ class TcpRing : public Communicator {
     uint32_t kind;
     uint64_t bytes;
     // Data type and op (allreduce), root (broadcast), a hash of the
-    // lengths (allgather), data type, op and 16 bits of the counts' hash
-    // (reduce-scatter).
+    // lengths (allgather, alltoall), data type, op and 16 bits of the
+    // counts' hash (reduce-scatter).
     uint32_t detail;
     uint32_t seq;
   };
@@ -215,6 +224,9 @@ class TcpRing : public Communicator {
   // Whether allreduce steps may leave out zero blocks (ZeroBlocks).
   const bool skip_zero_blocks_;
   std::vector<uint8_t> scratch_;
+  // Alltoall's relay: what a step sends and what it receives, swapped
+  // after each step.
+  std::vector<uint8_t> relay_[2];
   uint32_t seq_ = 0;
   uint64_t skipped_bytes_ = 0;
   // Run's buffers, kept between steps: the segments it sends, the preamble

@@ -198,6 +198,8 @@ class Client {
                                                          int32_t root_rank);
   // Every rank's output becomes every rank's input, in rank order (an
   // allgather tensor: its spec's shape is [world size, input shape...]).
+  // An alltoall tensor's step is enqueued the same way (neither takes
+  // attributes): rank s's input block d becomes rank d's output block s.
   absl::StatusOr<std::shared_ptr<Handle>> AllgatherAsync(const Tensor& tensor,
                                                          int64_t step);
 

@@ -221,6 +221,18 @@ class Session {
       const std::string& name, const Buffer& buffer, void* output, bool average,
       v1::ReduceOp op = v1::REDUCE_OP_SUM);
 
+  // All to all: `buffer` (the same dtype and shape on every rank, its first
+  // dimension a multiple of size()) cut along its first dimension into
+  // size() equal blocks; block d goes to rank d, and `output` (as many
+  // bytes as `buffer`) gets block s of every rank s, in rank order, written
+  // by Synchronize. Declares `name` as an alltoall tensor of shape [size(),
+  // rows / size(), ...] on first use, and anew when the world size
+  // changed. Uneven splits: pad each block to the largest (baton.torch's
+  // alltoall does).
+  absl::StatusOr<OperationHandle> AlltoallAsync(const std::string& name,
+                                                const Buffer& buffer,
+                                                void* output);
+
   // The same on a CUDA tensor, in place: record the buffer's event after
   // writing the input, then call these. Completion (Poll, Synchronize)
   // means the result is in the buffer; Synchronize copies nothing.
@@ -257,6 +269,9 @@ class Session {
   // AllgatherAsync + Synchronize.
   absl::Status Allgather(const std::string& name, const Buffer& buffer,
                          void* output);
+  // AlltoallAsync + Synchronize.
+  absl::Status Alltoall(const std::string& name, const Buffer& buffer,
+                        void* output);
   // The same on CUDA tensors.
   absl::Status PushPull(const std::string& name, const DeviceBuffer& buffer,
                         bool average, v1::ReduceOp op = v1::REDUCE_OP_SUM);
@@ -281,6 +296,12 @@ class Session {
 
  private:
   explicit Session(std::unique_ptr<Impl> impl);
+  // [size(), rows / size(), the rest of buffer's shape...], or
+  // INVALID_ARGUMENT naming `what` of `name` when the rows do not split
+  // into size() equal parts.
+  absl::StatusOr<std::vector<int64_t>> RankStacked(const std::string& what,
+                                                   const std::string& name,
+                                                   const Buffer& buffer) const;
   std::unique_ptr<Impl> impl_;
 };
 

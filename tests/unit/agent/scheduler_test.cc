@@ -578,6 +578,73 @@ TEST_P(SchedulerTest, ReduceScatterGivesEachTrainerItsRanksSlice) {
   }
 }
 
+// Alltoall with 2, 1 and 2 trainers on the nodes (world 5): block d of rank
+// s's input lands as block s of rank d's output, for a whole tensor (node
+// 1, with one trainer, exchanges its input and output as they are; the
+// others pack) and one cut in partitions.
+TEST_P(SchedulerTest, AlltoallSendsEveryRanksBlockToItsRank) {
+  SchedulerOptions options;
+  options.local_sizes = {2, 1, 2};
+  options.world_size = 5;
+  Start(3, options);
+  const int32_t offsets[] = {0, 2, 3};
+  const int64_t bytes[] = {3000, 4000};    // one block, per tensor
+  const int64_t partitions[] = {1024, 0};  // 3 partitions, and whole
+  // Byte i of the block rank s sends rank d.
+  auto value = [](int64_t s, int64_t d, int64_t i) {
+    return static_cast<uint8_t>((s * 131 + d * 17 + i * 7) % 251);
+  };
+  std::vector<std::vector<std::vector<uint8_t>>> inputs(3), outputs(3);
+  for (auto& node : nodes_) node->plane->SetKnownTensors(2);
+  for (int node = 0; node < 3; ++node) {
+    for (uint32_t t = 0; t < 2; ++t) {
+      const int64_t whole = 5 * bytes[t];
+      auto& in = inputs[node].emplace_back(whole * options.local_sizes[node]);
+      for (int32_t local = 0; local < options.local_sizes[node]; ++local) {
+        for (int64_t d = 0; d < 5; ++d) {
+          for (int64_t i = 0; i < bytes[t]; ++i) {
+            in[local * whole + d * bytes[t] + i] =
+                value(offsets[node] + local, d, i);
+          }
+        }
+      }
+      outputs[node].emplace_back(whole * options.local_sizes[node], 0xee);
+    }
+  }
+  OnEveryNode(3, [&](int node) {
+    for (uint32_t t = 0; t < 2; ++t) {
+      auto op = Op(t, static_cast<int32_t>(t), 0, bytes[t], partitions[t]);
+      op->kind = v1::COLLECTIVE_OP_ALLTOALL;
+      op->dtype = v1::DATA_TYPE_UINT8;
+      op->rank_offset = offsets[node];
+      for (int32_t local = 0; local < options.local_sizes[node]; ++local) {
+        op->inputs.push_back(inputs[node][t].data() + local * 5 * bytes[t]);
+      }
+      op->output = outputs[node][t].data();
+      nodes_[node]->plane->Submit(std::move(op));
+    }
+  });
+  for (int node = 0; node < 3; ++node) {
+    for (uint32_t t = 0; t < 2; ++t) {
+      ASSERT_TRUE(nodes_[node]->WaitDone(t * 1000 + 1).ok());
+      const std::vector<uint8_t>& out = outputs[node][t];
+      for (int32_t local = 0; local < options.local_sizes[node]; ++local) {
+        const int64_t d = offsets[node] + local;
+        for (int64_t s = 0; s < 5; ++s) {
+          for (int64_t i = 0; i < bytes[t]; ++i) {
+            ASSERT_EQ(out[(local * 5 + s) * bytes[t] + i], value(s, d, i))
+                << "node " << node << " tensor " << t << " rank " << d
+                << " from rank " << s << " byte " << i;
+          }
+        }
+      }
+    }
+  }
+  const std::string first = nodes_[0]->Trace();
+  EXPECT_EQ(nodes_[1]->Trace(), first);
+  EXPECT_EQ(nodes_[2]->Trace(), first);
+}
+
 // With tuning on, the nodes change partition size and credit only together:
 // however their timings differ, every node launches the same partitions in
 // the same order, every sum is right, and the values in force are the same.

@@ -112,6 +112,24 @@ class Broadcast(torch.autograd.Function):
         return reduced, None, None
 
 
+class Alltoall(torch.autograd.Function):
+    """bt.alltoall as an autograd function (Horovod's): the gradient goes
+    back the way the rows came, an alltoall with the received splits.
+    Returns (tensor, received_splits); the splits carry no gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name):
+        output, received = bt.alltoall(tensor, splits=splits, name=name)
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        back, _ = bt.alltoall(grad.contiguous(), splits=ctx.received)
+        return back, None, None
+
+
 class Allgather(torch.autograd.Function):
     """bt.allgather as an autograd function: the gradient of this rank's
     rows is the average over the ranks of the gradient of the gathered

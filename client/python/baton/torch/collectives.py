@@ -1,7 +1,7 @@
 """Horovod's gathering collectives on baton: allgather (whose tensors'
-first dimension may differ per rank) and allgather_object. baton.torch
-exports them; like the package's other modules this one imports _core,
-never the package.
+first dimension may differ per rank), allgather_object, reducescatter and
+alltoall (with splits). baton.torch exports them; like the package's other
+modules this one imports _core, never the package.
 
 An allgather takes two rounds. First every rank gathers a small
 descriptor of its tensor (rows, dtype, the other dimensions, and the
@@ -13,13 +13,22 @@ equal rows, the usual case), and synchronize() cuts the padding out.
 """
 
 import io
+import numbers
 
 import torch
 
 from baton import _baton
 from baton.torch import _core, _cuda
 
-__all__ = ["allgather", "allgather_async", "allgather_object", "reducescatter", "reducescatter_async"]
+__all__ = [
+    "allgather",
+    "allgather_async",
+    "allgather_object",
+    "alltoall",
+    "alltoall_async",
+    "reducescatter",
+    "reducescatter_async",
+]
 
 # The descriptor: rows, dtype code, dimensions, capacity, then the
 # dimensions after the first (TensorSpec allows 8 in all).
@@ -71,13 +80,16 @@ def _describe(tensor, dtype, capacity):
     return descriptor
 
 
-def _exchange_descriptors(session, name, host, dtype, capacity=0):
+def _exchange_descriptors(session, name, host, dtype, capacity=0, extra=()):
     """Every rank's descriptor of its tensor, rank after rank (the first
-    round of an allgather or a reduce-scatter, named baton.<name>)."""
-    descriptor = _describe(host, dtype, capacity)
-    gathered = torch.empty((session.size(), _DESCRIPTOR), dtype=torch.int64)
+    round of an allgather, a reduce-scatter or an alltoall, named
+    baton.<name>), each followed by its `extra` integers (an alltoall's
+    splits), which every rank gives as many of."""
+    descriptor = torch.cat([_describe(host, dtype, capacity), torch.tensor(list(extra), dtype=torch.int64)])
+    width = descriptor.numel()
+    gathered = torch.empty((session.size(), width), dtype=torch.int64)
     meta = session.allgather_async(
-        "baton." + name, descriptor.data_ptr(), _baton.INT64, [_DESCRIPTOR], gathered.data_ptr()
+        "baton." + name, descriptor.data_ptr(), _baton.INT64, [width], gathered.data_ptr()
     )
     _core.synchronize(_core._register(meta, gathered, None, None))
     return gathered
@@ -264,3 +276,113 @@ def reducescatter(tensor, op=None, name=None, average=None):
     """reducescatter_async + synchronize: this rank's part of `tensor`
     reduced over all ranks (Horovod's reducescatter)."""
     return _core.synchronize(reducescatter_async(tensor, op, name, average))
+
+
+def _own_splits(splits, rows, world, label):
+    """(this rank's splits as a list, None) or (None, what is wrong with
+    them): `splits` has one non-negative integer per rank adding up to the
+    rows; without splits the rows divide evenly among the ranks."""
+    if splits is None:
+        if rows % world:
+            return None, "%s has %d rows, which do not split evenly among %d ranks: pass splits=" % (label, rows, world)
+        return [rows // world] * world, None
+    if isinstance(splits, torch.Tensor):
+        if splits.dim() != 1 or splits.dtype.is_floating_point or splits.dtype.is_complex:
+            return None, "%s: splits is a %s tensor of shape %s; give a 1-D integer tensor or a list" % (
+                label,
+                str(splits.dtype).replace("torch.", ""),
+                list(splits.shape),
+            )
+        splits = splits.tolist()
+    try:
+        values = list(splits)
+    except TypeError:
+        values = None
+    if values is None or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in values):
+        return None, "%s: splits %r are not a list of integers" % (label, splits)
+    values = [int(v) for v in values]
+    if len(values) != world:
+        return None, "%s: %d splits for %d ranks; give one per rank" % (label, len(values), world)
+    if any(v < 0 for v in values):
+        return None, "%s: splits %s include a negative count" % (label, values)
+    if sum(values) != rows:
+        return None, "%s: splits %s add up to %d, but the tensor has %d rows" % (label, values, sum(values), rows)
+    return values, None
+
+
+def alltoall_async(tensor, splits=None, name=None):
+    """Starts Horovod's alltoall: `tensor` is cut along its first dimension
+    into one part per rank (`splits` rows each, in rank order; without
+    splits, equal parts), part d goes to rank d, and synchronize() returns
+    the parts this rank received, concatenated in rank order, as a new
+    tensor; with `splits` given, it returns (tensor, received_splits), the
+    rows received from each rank as an int64 tensor. The ranks' tensors
+    must agree in dtype and in every dimension after the first; splits that
+    do not fit their tensor, or ranks that differ, make every rank raise
+    ValueError naming the ranks and what differs, and nothing is sent.
+    `name` identifies the call across ranks (without one, calls are matched
+    by order). The input is copied before this returns; a CUDA tensor goes
+    through a host copy and the result is returned on its device."""
+    session = _core._require()
+    label = "alltoall tensor %r" % (name,) if name else "alltoall tensor"
+    dtype, host, device = _host_copy(tensor, label)
+    world, rank = session.size(), session.rank()
+    mine, problem = _own_splits(splits, host.shape[0], world, label)
+    unnamed_key = None
+    if name is None:
+        name, unnamed_key = _unnamed_name("Alltoall")
+    try:
+        # Splits that do not fit travel as -1s, so that every rank raises.
+        gathered = _exchange_descriptors(
+            session, "alltoall." + name, host, dtype, _capacity.get(name, 0), mine if mine else [-1] * world
+        )
+        if problem is not None:
+            raise ValueError(problem)
+        wrong = [r for r in range(world) if int(gathered[r, _DESCRIPTOR]) < 0]
+        if wrong:
+            raise ValueError(
+                "alltoall of %r: the splits of ranks %s do not fit their tensors (those ranks name why)"
+                % (name, _ranks_text(wrong))
+            )
+        problem = _disagreement("alltoall", name, gathered, rows_may_differ=True)
+        if problem is not None:
+            raise ValueError(problem)
+        matrix = gathered[:, _DESCRIPTOR:]  # rows rank s sends rank d
+        counts = [int(v) for v in matrix.flatten()]
+        padded = _padded_rows(counts, max(int(c) for c in gathered[:, _CAPACITY]))
+        if min(counts) != max(counts):
+            _capacity[name] = padded
+        received = [int(v) for v in matrix[:, rank]]
+        rest = tuple(host.shape[1:])
+        source = host
+        if any(n != padded for n in mine):
+            source = torch.zeros((world * padded,) + rest, dtype=host.dtype)
+            begin = 0
+            for d, n in enumerate(mine):
+                source[d * padded : d * padded + n] = host[begin : begin + n]
+                begin += n
+        output = torch.empty((world * padded,) + rest, dtype=host.dtype)
+        operation = session.alltoall_async(
+            name, source.data_ptr(), dtype, [world * padded] + list(rest), output.data_ptr()
+        )
+    except BaseException:
+        _core._release_unnamed(unnamed_key)
+        raise
+
+    def finish(result):
+        if any(n != padded for n in received):
+            result = torch.cat([result[s * padded : s * padded + n] for s, n in enumerate(received)])
+        if device is not None:
+            result = result.to(device)
+        if splits is None:
+            return result
+        return result, torch.tensor(received, dtype=torch.int64)
+
+    return _core._register(operation, output, None, unnamed_key, finish=finish)
+
+
+def alltoall(tensor, splits=None, name=None):
+    """alltoall_async + synchronize (Horovod's alltoall): the rows every
+    rank sent this one, in rank order; with `splits`, (tensor,
+    received_splits)."""
+    return _core.synchronize(alltoall_async(tensor, splits, name))

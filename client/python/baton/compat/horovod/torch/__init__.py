@@ -6,7 +6,7 @@ The names, argument orders and defaults are Horovod's, and so are the
 semantics: allreduce, allgather and broadcast return new tensors (and are
 differentiable), the _ forms work in place, op defaults to Average. Each
 function names baton.torch's own; what baton lacks (Adasum, process sets
-other than the global one, alltoall, reducescatter, join, ...) raises
+other than the global one, join, ...) raises
 NotSupportedError naming it. docs/api.md lists the remaining differences.
 """
 
@@ -28,6 +28,7 @@ from baton.torch import (  # noqa: F401 - Horovod's names, baton's functions
 from baton.compat import _built
 from baton.compat._common import (  # noqa: F401 - NotSupportedError: hvd.NotSupportedError
     Allgather,
+    Alltoall,
     Broadcast,
     NotSupportedError,
     PushPull,
@@ -287,6 +288,29 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     return bt.allgather_object(obj, name)
 
 
+# --- alltoall ---
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """`tensor`'s rows scattered to the ranks (`splits` rows each, in rank
+    order; equal parts without splits) and the rows every rank sent here,
+    concatenated in rank order. With `splits`: (tensor, received_splits).
+    Differentiable."""
+    _global(process_set, "hvd.alltoall")
+    if splits is None:
+        if tensor.dim() == 0 or tensor.shape[0] % size():
+            return bt.alltoall(tensor, name=name)  # raises on every rank, naming why
+        output, _ = Alltoall.apply(tensor, [tensor.shape[0] // size()] * size(), name)
+        return output
+    return Alltoall.apply(tensor, splits, name)
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts alltoall; synchronize(handle) returns what alltoall does."""
+    _global(process_set, "hvd.alltoall_async")
+    return bt.alltoall_async(tensor, splits, name)
+
+
 # --- reducescatter ---
 
 
@@ -413,8 +437,6 @@ def DistributedOptimizer(
 join = unsupported(
     "hvd.join", "ranks with uneven data must run the same number of steps (or allreduce a 'done' flag each step)"
 )
-alltoall = unsupported("hvd.alltoall", "not in baton yet (issue 33)")
-alltoall_async = unsupported("hvd.alltoall_async", "not in baton yet (issue 33)")
 grouped_reducescatter = unsupported("hvd.grouped_reducescatter", "not in baton yet (issue 33)")
 grouped_reducescatter_async = unsupported("hvd.grouped_reducescatter_async", "not in baton yet (issue 33)")
 grouped_allgather = unsupported("hvd.grouped_allgather", "call hvd.allgather_async per tensor")
