@@ -199,11 +199,12 @@ TEST(ValidateSpecTest, RejectsAnUnknownOpAndARankStackedShapeWithoutRanks) {
   EXPECT_EQ(unspecified.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(unspecified.message(),
             "x.op of tensor \"w\" is unspecified: declare push_pull, "
-            "broadcast, allgather or reduce_scatter");
-  // An allgather's and a reduce-scatter's first dimension is the world
-  // size: at least one.
+            "broadcast, allgather, reduce_scatter or alltoall");
+  // An allgather's, a reduce-scatter's and an alltoall's first dimension is
+  // the world size: at least one.
   for (v1::CollectiveOp op :
-       {v1::COLLECTIVE_OP_ALLGATHER, v1::COLLECTIVE_OP_REDUCE_SCATTER}) {
+       {v1::COLLECTIVE_OP_ALLGATHER, v1::COLLECTIVE_OP_REDUCE_SCATTER,
+        v1::COLLECTIVE_OP_ALLTOALL}) {
     for (const std::vector<int64_t>& shape :
          {std::vector<int64_t>{}, std::vector<int64_t>{0, 4}}) {
       const absl::Status no_ranks = TensorPlanManager::ValidateSpec(
