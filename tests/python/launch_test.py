@@ -14,6 +14,9 @@ argument), so that ctest runs them as separate tests:
              every rank (baton's gradients in shared memory): every trainer
              exits 1 at once, and so does batonrun (torch 1.13 used to wait
              forever at exit freeing the interrupted backward pass)
+  baton_lost batonrun --nodes 3 --min-nodes 1, DDP on the "baton" backend:
+             the last node's trainer kills itself; the others' backward
+             raises, naming the node, long before the group's timeout
   torchrun   a coordinator and two agents running (as the DaemonSet would
              on a cluster), and the ddp_first script started with exactly
              the environment torchrun gives its workers (Debian's torchrun
@@ -78,6 +81,22 @@ def test_uncaught():
     check("a user's gradient hook failed" in output, "no trainer reported the hook's error", output)
     check(re.search(r"^batonrun: rank [01] \(pid \d+\) exited with code 1; stopped the others$",
                     done.stderr, re.MULTILINE), "batonrun did not name a rank that exited 1", output)
+
+
+def test_baton_lost():
+    done = subprocess.run(
+        [BATONRUN, "--nodes", "3", "--procs-per-node", "1", "--min-nodes", "1", "--job", "launch-baton-lost",
+         "--", sys.executable, TRAINER, "baton_lost"],
+        capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    output = done.stdout + done.stderr
+    for rank in (0, 1):
+        # Bounded far below the group's 60 s timeout: baton's liveness, not
+        # the timeout, ended the call.
+        found = re.search(r"^\[%d\] baton_lost rank %d: backward raised after ([0-9.]+) s: .*node n3 was lost"
+                          % (rank, rank), done.stdout, re.MULTILINE)
+        check(found and float(found.group(1)) < 30, "rank %d's backward did not raise naming node n3" % rank, output)
+    check(done.returncode == 0, "batonrun exited %d" % done.returncode, output)
 
 
 def free_port():
@@ -168,7 +187,7 @@ def test_torchrun():
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or "test_" + sys.argv[1] not in globals():
-        sys.exit("usage: launch_test.py plain|ddp_first|uncaught|torchrun")
+        sys.exit("usage: launch_test.py plain|ddp_first|uncaught|baton_lost|torchrun")
     start = time.monotonic()
     globals()["test_" + sys.argv[1]]()
     print("ok %s (%.1f s)" % (sys.argv[1], time.monotonic() - start))

@@ -17,7 +17,15 @@ would).
                                pass, uncaught:
                                the process must end (exit code 1)
 
-Each prints "<mode> ok rank R of W" at the end (hook_error never does)."""
+  launch_trainer.py baton_lost  DDP on the "baton" backend (a 60 s group
+                               timeout), one trainer a node; the last rank
+                               kills itself (SIGKILL) before its fourth
+                               backward pass: every other rank's backward
+                               raises, naming the node that left, and
+                               prints how long it took
+
+Each prints "<mode> ok rank R of W" at the end (hook_error and the rank
+that kills itself never do)."""
 
 import datetime
 import os
@@ -115,10 +123,38 @@ def hook_error():
     return bt.rank(), bt.size()
 
 
+def baton_lost():
+    import signal
+    import time
+
+    import baton.torch  # noqa: F401 - registers "baton"
+
+    dist.init_process_group("baton", timeout=datetime.timedelta(seconds=60))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    model = DistributedDataParallel(make_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(STEPS):
+        if step == 3 and rank == size - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)
+        optimizer.zero_grad()
+        start = time.monotonic()
+        try:
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        except RuntimeError as e:
+            print("baton_lost rank %d: backward raised after %.2f s: %s" % (rank, time.monotonic() - start, e),
+                  flush=True)
+            # The group is unusable now; leave without destroying it.
+            os._exit(0 if step == 3 else 3)
+        optimizer.step()
+    raise AssertionError("rank %d trained on after rank %d was killed" % (rank, size - 1))
+
+
 def main():
     torch.set_num_threads(1)
     mode = sys.argv[1]
-    rank, size = {"plain": plain, "ddp_first": ddp_first, "hook_error": hook_error}[mode]()
+    rank, size = {"plain": plain, "ddp_first": ddp_first, "hook_error": hook_error, "baton_lost": baton_lost}[mode]()
     dist.destroy_process_group()
     print("%s ok rank %d of %d" % (mode, rank, size), flush=True)
     return 0

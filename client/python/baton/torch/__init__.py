@@ -17,6 +17,10 @@ tensor goes through a staging tensor that baton keeps on its device (one per
 tensor name, until shutdown), shared with the agent through CUDA IPC: its
 bytes never leave the device here, and the agent writes the result there in
 place. Between nodes they travel over the agents' data plane.
+
+Importing the package also registers torch.distributed's "baton" backend
+(process_group.py): dist.init_process_group("baton") runs a DDP or
+torch.distributed script on baton's collectives unchanged.
 """
 
 from baton.torch._core import *  # noqa: F401,F403
@@ -27,6 +31,12 @@ from baton.torch.optimizers import DistributedOptimizer, ScheduledOptimizer
 from baton.torch.ddp import DDPCommHookState, ddp_comm_hook
 from baton.torch.compression import Compression
 from baton.torch import elastic  # noqa: F401
+import torch.distributed as _dist
+
+if _dist.is_available():
+    from baton.torch import process_group as _process_group
+
+    _process_group.register()  # torch.distributed.init_process_group("baton")
 
 __all__ = _core_all + _collectives_all + ["DistributedOptimizer", "ScheduledOptimizer", "DDPCommHookState", "ddp_comm_hook",
                                          "Compression"]
