@@ -11,7 +11,9 @@
 // input and reads the result in the tensor's shared memory, nothing copied:
 // what the agents' collectives cost. --api=session (system "session") goes
 // through baton::Session with buffers of its own, as a Horovod-style caller
-// does: the same plus copying the input in and the result out.
+// does: the same plus copying the input in and the result out. --system
+// renames the rows (tools/bench/collectives/run's "baton-gloo": the same
+// trainers on agents with --data_transport=gloo).
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -34,11 +36,14 @@ DEFINE_int32(runs, 0,
              "--iterations each");
 DEFINE_string(ops, "allreduce",
               "with --runs: comma-separated allreduce (push_pull, sum), "
-              "broadcast (from rank 0), allgather, reducescatter (sum); "
-              "without: allreduce or broadcast, the one op to time");
+              "broadcast (from rank 0), allgather, reducescatter (sum), "
+              "alltoall; without: allreduce or broadcast, the one op to time");
 DEFINE_string(api, "client",
               "with --runs: client (the tensors' shared memory, no copies) or "
               "session (baton::Session on buffers of the caller's)");
+DEFINE_string(system, "",
+              "with --runs: the rows' system name (default: baton, or "
+              "session with --api=session)");
 DEFINE_int32(linger_ms, 0,
              "stay attached this long after the timed push_pulls, so that "
              "batonctl timeline can still read the job from the agents");
@@ -75,8 +80,8 @@ class BatonRank : public bench::CollectiveRank {
     std::vector<v1::TensorSpec> specs(1);
     specs[0].set_name(bench::CollectiveOpName(op));
     specs[0].set_dtype(v1::DATA_TYPE_FLOAT32);
-    // Allgather and reduce-scatter tensors are stacked by rank: [ranks,
-    // one rank's part] (baton/session.h).
+    // Allgather, reduce-scatter and alltoall tensors are stacked by rank:
+    // [ranks, one rank's part] (baton/session.h).
     switch (op) {
       case bench::CollectiveOp::kAllreduce:
         specs[0].add_shape(elements);
@@ -95,6 +100,11 @@ class BatonRank : public bench::CollectiveRank {
         specs[0].add_shape(size());
         specs[0].add_shape(elements / size());
         specs[0].set_op(v1::COLLECTIVE_OP_REDUCE_SCATTER);
+        break;
+      case bench::CollectiveOp::kAlltoall:
+        specs[0].add_shape(size());
+        specs[0].add_shape(elements / size());
+        specs[0].set_op(v1::COLLECTIVE_OP_ALLTOALL);
         break;
     }
     if (control_ == nullptr) {
@@ -117,14 +127,17 @@ class BatonRank : public bench::CollectiveRank {
     return reinterpret_cast<float*>(tensor_->input());
   }
 
-  // A reduce-scatter tensor is enqueued like a push-pull.
+  // A reduce-scatter tensor is enqueued like a push-pull, an alltoall tensor
+  // like an allgather (baton/client.h).
   bool Run() override {
     const int64_t step = step_++;
     switch (op_) {
       case bench::CollectiveOp::kBroadcast:
         return Finished("broadcast", client_.BroadcastAsync(*tensor_, step, 0));
       case bench::CollectiveOp::kAllgather:
-        return Finished("allgather", client_.AllgatherAsync(*tensor_, step));
+      case bench::CollectiveOp::kAlltoall:
+        return Finished(bench::CollectiveOpName(op_),
+                        client_.AllgatherAsync(*tensor_, step));
       default:
         return Finished(bench::CollectiveOpName(op_),
                         client_.PushPullAsync(*tensor_, step, false));
@@ -204,6 +217,9 @@ class SessionRank : public bench::CollectiveRank {
         handle =
             session_.ReduceScatterAsync(name, input, output_.data(), false);
         break;
+      case bench::CollectiveOp::kAlltoall:
+        handle = session_.AlltoallAsync(name, input, output_.data());
+        break;
     }
     return Reported(name, handle.ok()
                               ? session_.Synchronize(*handle, kOperationTimeout)
@@ -248,6 +264,11 @@ class SessionRank : public bench::CollectiveRank {
   std::vector<float> output_;
 };
 
+// The rows' system: --system, or `api_default`.
+const char* SystemName(const char* api_default) {
+  return FLAGS_system.empty() ? api_default : FLAGS_system.c_str();
+}
+
 // baton's side of tools/bench/collectives through Session; shuts the session
 // down on success.
 int MeasureThroughSession() {
@@ -259,7 +280,7 @@ int MeasureThroughSession() {
   }
   SessionRank rank(**session);
   if (!bench::MeasureCollectives(
-          "session", rank, FLAGS_ops, FLAGS_bytes,
+          SystemName("session"), rank, FLAGS_ops, FLAGS_bytes,
           {FLAGS_warmup, FLAGS_iterations, FLAGS_runs})) {
     return 4;
   }
@@ -271,7 +292,7 @@ int MeasureThroughSession() {
 int MeasureCollectives(Client& client) {
   BatonRank rank(client);
   if (!bench::MeasureCollectives(
-          "baton", rank, FLAGS_ops, FLAGS_bytes,
+          SystemName("baton"), rank, FLAGS_ops, FLAGS_bytes,
           {FLAGS_warmup, FLAGS_iterations, FLAGS_runs})) {
     return 4;
   }

@@ -11,7 +11,10 @@
 // above; broadcast: gloo::broadcast from rank 0; allgather: gloo::allgather
 // (ring) into a separate output (what torch's ProcessGroupGloo calls for
 // all three); reducescatter: gloo::ReduceScatterHalvingDoubling (sum, in
-// place), the only reduce-scatter libgloo has (torch 1.13 calls none).
+// place), the only reduce-scatter libgloo has (torch 1.13 calls none);
+// alltoall: gloo::alltoall (every rank sends each peer its block directly)
+// into a separate output, what torch's all_to_all_single calls for equal
+// splits.
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -22,6 +25,7 @@
 #include "gflags/gflags.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
+#include "gloo/alltoall.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -47,7 +51,7 @@ DEFINE_int32(runs, 0,
              "--iterations each");
 DEFINE_string(ops, "allreduce",
               "with --runs: comma-separated allreduce (sum), broadcast (from "
-              "rank 0), allgather, reducescatter (sum)");
+              "rank 0), allgather, reducescatter (sum), alltoall");
 
 namespace baton::bench {
 namespace {
@@ -55,10 +59,10 @@ namespace {
 using ReduceFunction = void (*)(void*, const void*, const void*, size_t);
 
 // One rank on one gloo context: allreduce and broadcast in place on one
-// buffer, allgather into a second one. The reduce-scatter, an algorithm
-// object of gloo's older API, runs on a context of its own: running such an
-// algorithm on a context slows the newer collectives on it 50-100x
-// (docs/benchmarks.md, "Allgather and reduce-scatter").
+// buffer, allgather and alltoall into a second one. The reduce-scatter, an
+// algorithm object of gloo's older API, runs on a context of its own:
+// running such an algorithm on a context slows the newer collectives on it
+// 50-100x (docs/benchmarks.md, "Allgather and reduce-scatter").
 class GlooRank : public CollectiveRank {
  public:
   GlooRank(std::shared_ptr<gloo::Context> context,
@@ -76,7 +80,7 @@ class GlooRank : public CollectiveRank {
     reduce_scatter_.reset();
     buffer_.assign(elements, 0.0f);
     output_.clear();
-    if (op == CollectiveOp::kAllgather) {
+    if (op == CollectiveOp::kAllgather || op == CollectiveOp::kAlltoall) {
       output_.assign(ResultElements(op, elements, size()), 0.0f);
     }
     if (op == CollectiveOp::kReduceScatter &&
@@ -121,13 +125,20 @@ class GlooRank : public CollectiveRank {
         case CollectiveOp::kReduceScatter:
           reduce_scatter_->run();
           break;
+        case CollectiveOp::kAlltoall: {
+          gloo::AlltoallOptions opts(context_);
+          opts.setInput(buffer_.data(), buffer_.size());
+          opts.setOutput(output_.data(), output_.size());
+          gloo::alltoall(opts);
+          break;
+        }
       }
     });
   }
 
   // The reduce-scatter leaves this rank's part at the buffer's start.
   const float* Result() const override {
-    return op_ == CollectiveOp::kAllgather ? output_.data() : buffer_.data();
+    return output_.empty() ? buffer_.data() : output_.data();
   }
 
   bool Barrier() override {
@@ -180,7 +191,7 @@ class GlooRank : public CollectiveRank {
   std::shared_ptr<gloo::Context> reduce_scatter_context_;
   CollectiveOp op_ = CollectiveOp::kAllreduce;
   std::vector<float> buffer_;
-  // The allgather's result.
+  // The allgather's and the alltoall's result; empty for the others.
   std::vector<float> output_;
   std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>> reduce_scatter_;
 };

@@ -19,10 +19,11 @@ import subprocess
 import sys
 from collections import defaultdict
 
-SYSTEMS = ["baton", "session", "gloo", "mpi", "torch"]
+SYSTEMS = ["baton", "session", "baton-gloo", "gloo", "mpi", "torch"]
 SYSTEM_NAMES = {
     "baton": "baton (agents)",
     "session": "baton (Session, copies)",
+    "baton-gloo": "baton (agents, --data_transport=gloo)",
     "gloo": "raw gloo",
     "mpi": "OpenMPI",
     "torch": "torch.distributed (gloo)",

@@ -48,12 +48,13 @@ inline void PrintTimings(const char* path, int64_t bytes, int ranks,
 // tools/bench/collectives/measurement.h defines it: the bytes each rank's
 // link carries, as nccl-tests counts them. An allreduce 2(n-1)/n, a
 // broadcast 1; an allgather n-1 (nccl-tests: the gathered n x bytes times
-// (n-1)/n); a reduce-scatter of the whole tensor (n-1)/n.
+// (n-1)/n); a reduce-scatter of the whole tensor (n-1)/n; an alltoall of the
+// whole tensor (n-1)/n (all but the rank's own block leave it).
 inline double CollectiveBusFactor(std::string_view op, int nodes) {
   if (nodes < 2) return 1.0;
   if (op == "allreduce") return 2.0 * (nodes - 1) / nodes;
   if (op == "allgather") return nodes - 1.0;
-  if (op == "reducescatter") return (nodes - 1.0) / nodes;
+  if (op == "reducescatter" || op == "alltoall") return (nodes - 1.0) / nodes;
   return 1.0;
 }
 

@@ -21,14 +21,16 @@ struct Pattern {
   float scale;
   int period;
   // Where in the period the first element is: a reduce-scatter's part r
-  // starts r parts into the whole tensor's pattern.
+  // (and an alltoall's block r) starts r parts into the whole tensor's
+  // pattern.
   int64_t phase = 0;
 };
 
 // What the timed iterations run on (measurement.h: not zero).
 constexpr float kTimedValue = 1.0f;
 
-// Every op but broadcast reduces or gathers (rank + 1) x the same pattern.
+// Every op but broadcast reduces, gathers or exchanges (rank + 1) x the same
+// pattern.
 constexpr int kPeriod = 13;
 constexpr int kBroadcastPeriod = 251;
 
@@ -97,13 +99,28 @@ bool CheckResult(const char* system, CollectiveOp op, const CollectiveRank& r,
                        {RankSum(ranks), kPeriod, r.rank() * part}, result, 0,
                        part, elements);
     }
+    case CollectiveOp::kAlltoall: {
+      // Block s is rank s's block r: its scale says the source, its phase
+      // the block (a part of 2^k elements is never a multiple of 13).
+      const int64_t part = elements / ranks;
+      for (int source = 0; source < ranks; ++source) {
+        Pattern block = InputPattern(op, source);
+        block.phase = r.rank() * part;
+        if (!CheckPart(system, op, r, run, block, result, source * part, part,
+                       elements)) {
+          return false;
+        }
+      }
+      return true;
+    }
   }
   return false;
 }
 
 constexpr CollectiveOp kOps[] = {
     CollectiveOp::kAllreduce, CollectiveOp::kBroadcast,
-    CollectiveOp::kAllgather, CollectiveOp::kReduceScatter};
+    CollectiveOp::kAllgather, CollectiveOp::kReduceScatter,
+    CollectiveOp::kAlltoall};
 
 // A comma-separated list of op names; false (and a message on stderr) for
 // an unknown one or an empty list.
@@ -123,7 +140,7 @@ bool ParseCollectiveOps(const std::string& text,
     if (!known) {
       std::fprintf(stderr,
                    "collectives: unknown op \"%s\" (allreduce, broadcast, "
-                   "allgather, reducescatter)\n",
+                   "allgather, reducescatter, alltoall)\n",
                    name.c_str());
       return false;
     }
@@ -148,10 +165,12 @@ bool MeasureCollective(const char* system, CollectiveRank& rank,
     return false;
   }
   const int64_t elements = bytes / 4;
-  if (op == CollectiveOp::kReduceScatter && elements % rank.size() != 0) {
+  if ((op == CollectiveOp::kReduceScatter || op == CollectiveOp::kAlltoall) &&
+      elements % rank.size() != 0) {
     std::fprintf(stderr,
-                 "collectives: a reducescatter of %" PRId64
+                 "collectives: a%s %s of %" PRId64
                  " floats does not split into %d equal parts\n",
+                 op == CollectiveOp::kAlltoall ? "n" : "", CollectiveOpName(op),
                  elements, rank.size());
     return false;
   }
@@ -200,6 +219,8 @@ const char* CollectiveOpName(CollectiveOp op) {
       return "allgather";
     case CollectiveOp::kReduceScatter:
       return "reducescatter";
+    case CollectiveOp::kAlltoall:
+      return "alltoall";
   }
   return "?";
 }

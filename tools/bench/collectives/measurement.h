@@ -21,15 +21,24 @@
 //   allgather      one rank's part; each rank gets size() parts, in rank order
 //   reducescatter  the whole tensor (a multiple of size() elements); rank r
 //                  gets the sum of part r, 1/size() of it
+//   alltoall       the whole tensor (a multiple of size() elements), cut
+//                  into size() blocks; rank r gets block r of every rank,
+//                  in rank order, as many bytes as it gave
 
 #include <cstdint>
 #include <string>
 
 namespace baton::bench {
 
-enum class CollectiveOp { kAllreduce, kBroadcast, kAllgather, kReduceScatter };
+enum class CollectiveOp {
+  kAllreduce,
+  kBroadcast,
+  kAllgather,
+  kReduceScatter,
+  kAlltoall
+};
 
-// "allreduce", "broadcast", "allgather" or "reducescatter".
+// "allreduce", "broadcast", "allgather", "reducescatter" or "alltoall".
 const char* CollectiveOpName(CollectiveOp op);
 
 // Elements of the result of `op` on an input of `elements` over `ranks`.
@@ -51,7 +60,7 @@ class CollectiveRank {
   // earlier buffers.
   virtual float* Prepare(CollectiveOp op, int64_t elements) = 0;
   // Runs the prepared op once: a sum allreduce, a broadcast from rank 0, an
-  // allgather, or a sum reduce-scatter.
+  // allgather, a sum reduce-scatter, or an alltoall.
   virtual bool Run() = 0;
   // Where the last Run left this rank's result (ResultElements of it);
   // nullptr where the system keeps none on this rank (baton's broadcast root
@@ -70,8 +79,8 @@ struct MeasurementOptions {
 };
 
 // Measures each of `ops` (comma-separated op names) on `bytes` (a positive
-// multiple of 4; for a reduce-scatter, of 4 x size()) in turn, as described
-// above; rank 0 prints a row per op.
+// multiple of 4; for a reduce-scatter or an alltoall, of 4 x size()) in
+// turn, as described above; rank 0 prints a row per op.
 // False when the arguments are wrong, a collective failed or a check found a
 // wrong result: stderr says which (the first wrong element).
 bool MeasureCollectives(const char* system, CollectiveRank& rank,

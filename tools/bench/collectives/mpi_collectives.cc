@@ -1,6 +1,7 @@
 // OpenMPI's side of tools/bench/collectives: MPI_Allreduce (sum, float32,
-// out of place), MPI_Bcast (from rank 0), MPI_Allgather and
-// MPI_Reduce_scatter_block (sum, out of place) of --bytes on MPI_COMM_WORLD,
+// out of place), MPI_Bcast (from rank 0), MPI_Allgather,
+// MPI_Reduce_scatter_block (sum, out of place) and MPI_Alltoall (out of
+// place, --bytes / size per block) of --bytes on MPI_COMM_WORLD,
 // measured as tools/bench/collectives/measurement.h says; rank 0 prints one
 // row per op. Started by mpirun; which transport it uses is mpirun's choice
 // (tools/bench/collectives/run pins TCP on loopback).
@@ -19,7 +20,7 @@ DEFINE_int32(warmup, 2, "untimed collectives first");
 DEFINE_int32(runs, 1, "runs of --iterations each");
 DEFINE_string(ops, "allreduce,broadcast",
               "comma-separated allreduce (sum), broadcast (from rank 0), "
-              "allgather, reducescatter (sum)");
+              "allgather, reducescatter (sum), alltoall");
 
 namespace baton::bench {
 namespace {
@@ -70,6 +71,10 @@ class MpiRank : public CollectiveRank {
         MPI_Reduce_scatter_block(input_.data(), output_.data(),
                                  static_cast<int>(output_.size()), MPI_FLOAT,
                                  MPI_SUM, MPI_COMM_WORLD);
+        break;
+      case CollectiveOp::kAlltoall:
+        MPI_Alltoall(input_.data(), count / size_, MPI_FLOAT, output_.data(),
+                     count / size_, MPI_FLOAT, MPI_COMM_WORLD);
         break;
     }
     return true;

@@ -18,7 +18,7 @@ import json
 import statistics
 import sys
 
-SYSTEMS = ("baton", "session", "gloo", "mpi", "torch")
+SYSTEMS = ("baton", "session", "baton-gloo", "gloo", "mpi", "torch")
 GOAL_FROM_BYTES = 1 << 20
 
 
@@ -27,7 +27,8 @@ def busbw_factor(op, nodes):
     if nodes < 2:
         return 1.0
     return {"allreduce": 2.0 * (nodes - 1) / nodes, "allgather": nodes - 1.0,
-            "reducescatter": (nodes - 1.0) / nodes}.get(op, 1.0)
+            "reducescatter": (nodes - 1.0) / nodes,
+            "alltoall": (nodes - 1.0) / nodes}.get(op, 1.0)
 
 
 def aggregate(run_rows):

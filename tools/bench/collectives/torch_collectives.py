@@ -5,10 +5,11 @@ Started once per rank by tools/bench/collectives/run (Debian's python3-torch
 works only under /usr/bin/python3). The ranks meet through a FileStore and
 measure the --ops on --bytes as tools/bench/collectives/measurement.h says
 (and with its sizes: an allgather's --bytes is one rank's part, a
-reduce-scatter's the whole tensor): warm-up, then per run a barrier,
---iterations timed collectives (dist.all_reduce, sum, and dist.broadcast from
-rank 0, in place; dist.all_gather into one tensor's rank-ordered views;
-dist.reduce_scatter, sum) on ones, not zeros (measurement.h says why), the
+reduce-scatter's and an alltoall's the whole tensor): warm-up, then per run a
+barrier, --iterations timed collectives (dist.all_reduce, sum, and
+dist.broadcast from rank 0, in place; dist.all_gather into one tensor's
+rank-ordered views; dist.reduce_scatter, sum; dist.all_to_all_single, equal
+splits, into a second tensor) on ones, not zeros (measurement.h says why), the
 slowest rank's total / iterations, and one untimed collective on the same
 checked pattern as the C++ programs.
 Rank 0 prints one JSON row per op (tools/bench/timings.h's
@@ -30,7 +31,7 @@ import torch.distributed as dist
 
 from report import busbw_factor
 
-OPS = ("allreduce", "broadcast", "allgather", "reducescatter")
+OPS = ("allreduce", "broadcast", "allgather", "reducescatter", "alltoall")
 
 
 def pattern(op, rank, size, run, elements):
@@ -52,6 +53,10 @@ def pattern(op, rank, size, run, elements):
     if op == "allgather":
         return value * (rank + 1), torch.cat([value * (r + 1) for r in range(size)])
     part = elements // size
+    if op == "alltoall":
+        # Block s of the result is rank s's block `rank`.
+        block = periodic(part, 13, rank * part)
+        return value.mul_(rank + 1), torch.cat([block * (s + 1) for s in range(size)])
     return value.mul_(rank + 1), periodic(part, 13, rank * part).mul_(rank_sum)
 
 
@@ -67,6 +72,8 @@ class Collective:
         elif op == "reducescatter":
             self.output = torch.zeros(elements // size, dtype=torch.float32)
             self.inputs = list(self.input.view(size, elements // size).unbind(0))
+        elif op == "alltoall":
+            self.output = torch.zeros(elements, dtype=torch.float32)
 
     def run(self):
         if self.op == "allreduce":
@@ -75,6 +82,8 @@ class Collective:
             dist.broadcast(self.input, src=0)
         elif self.op == "allgather":
             dist.all_gather(self.outputs, self.input)
+        elif self.op == "alltoall":
+            dist.all_to_all_single(self.output, self.input)
         else:
             dist.reduce_scatter(self.output, self.inputs, op=dist.ReduceOp.SUM)
 
@@ -161,9 +170,10 @@ def main():
             or args.warmup < 1):
         parser.error("--bytes must be a positive multiple of 4, "
                      "--iterations, --runs and --warmup positive")
-    if "reducescatter" in ops and (args.bytes // 4) % args.nodes:
-        parser.error(f"--bytes {args.bytes}: a reducescatter needs a multiple "
-                     f"of {args.nodes} floats")
+    for op in ("reducescatter", "alltoall"):
+        if op in ops and (args.bytes // 4) % args.nodes:
+            parser.error(f"--bytes {args.bytes}: {op} needs a multiple "
+                         f"of {args.nodes} floats")
 
     # Loopback TCP, like the other systems (gloo reads this variable).
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
