@@ -357,6 +357,13 @@ def test_a_call_that_outlasts_the_groups_timeout_fails_and_poisons_the_group():
         # Alone: the others have not called it yet.
         start = time.monotonic()
         work = dist.all_reduce(t, group=short, async_op=True)
+        # wait(timeout) gives up first, and the call goes on.
+        try:
+            work.wait(datetime.timedelta(seconds=0.1))
+            raise AssertionError("wait(0.1 s) returned for a collective only rank 0 started")
+        except RuntimeError as e:
+            assert "0.1 s given to wait()" in str(e), e
+        assert not work.is_completed()
         try:
             work.wait()
             raise AssertionError("a collective only rank 0 started finished")
