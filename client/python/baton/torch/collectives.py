@@ -80,18 +80,19 @@ def _describe(tensor, dtype, capacity):
     return descriptor
 
 
-def _exchange_descriptors(session, name, host, dtype, capacity=0, extra=()):
+def _exchange_descriptors(session, name, host, dtype, capacity=0, extra=(), timeout=None):
     """Every rank's descriptor of its tensor, rank after rank (the first
     round of an allgather, a reduce-scatter or an alltoall, named
     baton.<name>), each followed by its `extra` integers (an alltoall's
-    splits), which every rank gives as many of."""
+    splits), which every rank gives as many of. TimeoutError after
+    `timeout` seconds (None: the agents' operation timeout bounds it)."""
     descriptor = torch.cat([_describe(host, dtype, capacity), torch.tensor(list(extra), dtype=torch.int64)])
     width = descriptor.numel()
     gathered = torch.empty((session.size(), width), dtype=torch.int64)
     meta = session.allgather_async(
         "baton." + name, descriptor.data_ptr(), _baton.INT64, [width], gathered.data_ptr()
     )
-    _core.synchronize(_core._register(meta, gathered, None, None))
+    _core.synchronize(_core._register(meta, gathered, None, None), timeout)
     return gathered
 
 
@@ -323,6 +324,12 @@ def alltoall_async(tensor, splits=None, name=None):
     `name` identifies the call across ranks (without one, calls are matched
     by order). The input is copied before this returns; a CUDA tensor goes
     through a host copy and the result is returned on its device."""
+    return _alltoall_async(tensor, splits, name)
+
+
+def _alltoall_async(tensor, splits, name, timeout=None):
+    """alltoall_async, its descriptor round bounded by `timeout` seconds
+    (the torch.distributed backend's group timeout)."""
     session = _core._require()
     label = "alltoall tensor %r" % (name,) if name else "alltoall tensor"
     dtype, host, device = _host_copy(tensor, label)
@@ -334,7 +341,13 @@ def alltoall_async(tensor, splits=None, name=None):
     try:
         # Splits that do not fit travel as -1s, so that every rank raises.
         gathered = _exchange_descriptors(
-            session, "alltoall." + name, host, dtype, _capacity.get(name, 0), mine if mine else [-1] * world
+            session,
+            "alltoall." + name,
+            host,
+            dtype,
+            _capacity.get(name, 0),
+            mine if mine else [-1] * world,
+            timeout,
         )
         if problem is not None:
             raise ValueError(problem)

@@ -448,9 +448,12 @@ class ProcessGroupBaton(ProcessGroup):
             index,
         )
         label = self._label
+        timeout_s = self._timeout_s
 
         def start():
-            return _collectives.alltoall_async(tensor, splits=sent, name=name)
+            # The descriptor round waits for the other ranks here: bounded by
+            # the group's timeout, like the rest of the call.
+            return _collectives._alltoall_async(tensor, sent, name, timeout_s)
 
         def finish(result):
             received, counts = result
