@@ -185,7 +185,7 @@ std::shared_ptr<AgentJob> Agent::CreateJob(const std::string& job) {
   auto created_ptr = std::make_shared<const AgentJob*>(nullptr);
   env.on_done = [this, created_ptr, job] {
     absl::MutexLock lock(&mu_);
-    done_.emplace_back(job, *created_ptr);
+    done_.push_back(job);
     // The name's next run takes over: its trainers attached while this one
     // ended, and coordinator messages for the name are now its.
     auto it = jobs_.find(job);
@@ -243,12 +243,13 @@ void Agent::ReapJobs() {
   {
     absl::MutexLock lock(&mu_);
     reaped.swap(replaced_);
-    for (const auto& [name, job] : done_) {
-      // Only if the name still maps to that job: a newer job of the same
-      // name may have replaced it, and then `job` may be destroyed already
-      // (it is compared, never dereferenced).
+    for (const std::string& name : done_) {
+      // Only if the name still maps to a job that ended: a newer run of
+      // the name may have taken it meanwhile. (The ended job's address is
+      // no test: once destroyed, a new run may be made at the same address,
+      // and reaping that one left its trainers waiting for ever.)
       auto it = jobs_.find(name);
-      if (it == jobs_.end() || it->second.get() != job) continue;
+      if (it == jobs_.end() || !it->second->ended()) continue;
       reaped.push_back(std::move(it->second));
       jobs_.erase(it);
     }

@@ -84,9 +84,9 @@ class Agent {
   // to it; it replaces that job in jobs_ once that one ended.
   absl::flat_hash_map<std::string, std::shared_ptr<AgentJob>> next_runs_
       ABSL_GUARDED_BY(mu_);
-  // Jobs that ended, to destroy in ReapJobs.
-  std::vector<std::pair<std::string, const AgentJob*>> done_
-      ABSL_GUARDED_BY(mu_);
+  // Names whose job ended: ReapJobs destroys the job the name maps to if
+  // that one has ended (a newer run may have taken the name meanwhile).
+  std::vector<std::string> done_ ABSL_GUARDED_BY(mu_);
   // Jobs that ended and that their next run replaced, to destroy in ReapJobs.
   std::vector<std::shared_ptr<AgentJob>> replaced_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
