@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log_context.h"
 #include "common/membership_view.h"
+#include "common/tensor_retired.h"
 #include "glog/logging.h"
 
 namespace baton::agent {
@@ -391,7 +392,7 @@ void JobMembership::HandleError(uint64_t reply_to, const v1::Error& error) {
           tensor.spec.version() != mismatch.version()) {
         continue;
       }
-      tensor.mismatch = absl::FailedPreconditionError(error.message());
+      tensor.mismatch = TensorRetiredError(error.message());
       callbacks_.mismatch(i, tensor.mismatch);
     }
     LOG(ERROR) << JobLogPrefix() << error.message();

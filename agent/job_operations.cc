@@ -11,6 +11,7 @@
 #include "agent/reduce.h"
 #include "agent/scheduler/negotiation.h"
 #include "common/membership_view.h"
+#include "common/tensor_retired.h"
 #include "common/tensor_spec.h"
 
 namespace baton::agent {
@@ -70,6 +71,7 @@ void JobOperations::FailOp(int32_t rank, const TensorEnqueue& enqueue,
   failed->set_generation(generation_.generation());
   failed->set_code(static_cast<int32_t>(status.code()));
   failed->set_message(std::move(message));
+  failed->set_retired(IsTensorRetired(status));
   trainers_.trainer(rank).sink->Send(std::move(event));
   env_.metrics->EnqueueRefused();
 }

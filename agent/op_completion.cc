@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "baton/v1/trainer.pb.h"
 #include "common/shm_channel.h"
+#include "common/tensor_retired.h"
 
 namespace baton::agent {
 
@@ -110,6 +111,7 @@ void OpCompletion::Tell(const std::vector<Target>& targets,
   f->set_generation(generation_);
   f->set_code(static_cast<int32_t>(status.code()));
   f->set_message(OperationFailureMessage(tensor_, step_, status.message()));
+  f->set_retired(IsTensorRetired(status));
   for (const Target& target : targets) target.sink->Send(event);
 }
 

@@ -495,6 +495,9 @@ OpKernels OrderedKernels(v1::DataType dtype) {
     case v1::DATA_TYPE_INT8:
       return {&CombineMany<Native<int8_t>, Op>,
               &CombinePair<Native<int8_t>, Op>};
+    case v1::DATA_TYPE_INT16:
+      return {&CombineMany<Native<int16_t>, Op>,
+              &CombinePair<Native<int16_t>, Op>};
     default:
       return {nullptr, nullptr};
   }
@@ -514,6 +517,9 @@ OpKernels WrappingKernels(v1::DataType dtype) {
     case v1::DATA_TYPE_INT8:
       return {&CombineMany<Native<uint8_t>, Op>,
               &CombinePair<Native<uint8_t>, Op>};
+    case v1::DATA_TYPE_INT16:
+      return {&CombineMany<Native<uint16_t>, Op>,
+              &CombinePair<Native<uint16_t>, Op>};
     default:
       if constexpr (kFloatingToo) {
         return OrderedKernels<Op>(dtype);
@@ -595,6 +601,8 @@ void SumInto(v1::DataType dtype, void* dst, const void* const* srcs,
     case v1::DATA_TYPE_UINT8:
     case v1::DATA_TYPE_INT8:
       return Sum<Native<uint8_t>>(dst, srcs, num_srcs, count);
+    case v1::DATA_TYPE_INT16:
+      return Sum<Native<uint16_t>>(dst, srcs, num_srcs, count);
     default:
       LOG(FATAL) << "unreachable: dtype " << dtype;
   }
@@ -617,6 +625,8 @@ PairwiseSum PairwiseSumFor(v1::DataType dtype) {
     case v1::DATA_TYPE_UINT8:
     case v1::DATA_TYPE_INT8:
       return &SumPair<Native<uint8_t>>;
+    case v1::DATA_TYPE_INT16:
+      return &SumPair<Native<uint16_t>>;
     default:
       return nullptr;
   }
@@ -653,6 +663,9 @@ void DivideInPlace(v1::DataType dtype, void* data, size_t count,
     case v1::DATA_TYPE_INT8:
       return DivideSmallInteger<int8_t, float>(data, count,
                                                static_cast<float>(divisor));
+    case v1::DATA_TYPE_INT16:
+      return DivideSmallInteger<int16_t, float>(data, count,
+                                                static_cast<float>(divisor));
     default:
       LOG(FATAL) << "unreachable: dtype " << dtype;
   }

@@ -13,7 +13,7 @@ namespace baton::agent {
 // local trainer's buffer, gloo's pairwise reduction, and the division that
 // turns a sum into an average. Supported types: FLOAT32, FLOAT64, FLOAT16,
 // BFLOAT16 (both accumulated in float32 and rounded to nearest-even once),
-// INT32, INT64, UINT8, INT8 (integers wrap on overflow, like torch).
+// INT32, INT64, UINT8, INT8, INT16 (integers wrap on overflow, like torch).
 // Vectorized by the compiler, in baseline x86-64, AVX2 and AVX-512 versions
 // picked per machine at load time; FLOAT16 uses the F16C instructions where
 // the CPU has them, with the same results. No kernel allocates, and all are

@@ -10,7 +10,8 @@ bool ReduceOpApplies(v1::ReduceOp op, v1::DataType dtype) {
   }
   const bool integer =
       dtype == v1::DATA_TYPE_INT32 || dtype == v1::DATA_TYPE_INT64 ||
-      dtype == v1::DATA_TYPE_UINT8 || dtype == v1::DATA_TYPE_INT8;
+      dtype == v1::DATA_TYPE_UINT8 || dtype == v1::DATA_TYPE_INT8 ||
+      dtype == v1::DATA_TYPE_INT16;
   return !IsBitwise(op) || integer;
 }
 

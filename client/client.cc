@@ -20,6 +20,7 @@
 #include "client/socket_access.h"
 #include "common/shm.h"
 #include "common/shm_channel.h"
+#include "common/tensor_retired.h"
 #include "common/thread_name.h"
 #include "grpcpp/grpcpp.h"
 
@@ -510,10 +511,13 @@ class Client::Impl {
     if (ok) {
       handle->Finish(absl::OkStatus(), event.completion().generation());
     } else {
+      const v1::OperationFailed& failed = event.failed();
       handle->Finish(
-          absl::Status(static_cast<absl::StatusCode>(event.failed().code()),
-                       event.failed().message()),
-          event.failed().generation());
+          failed.retired()
+              ? TensorRetiredError(failed.message())
+              : absl::Status(static_cast<absl::StatusCode>(failed.code()),
+                             failed.message()),
+          failed.generation());
     }
     // A waiter may be asleep on the channel's bell.
     if (completions_ != nullptr) completions_->Wake();

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/declaration.h"
+#include "common/tensor_retired.h"
 
 namespace baton::client {
 namespace {
@@ -175,7 +176,8 @@ class Session::Impl {
             if (b.index() == static_cast<int32_t>(f)) known_buffer = &b;
           }
         }
-        if (known != nullptr && SameUse(*known, known_buffer, spec, buffer)) {
+        if (known != nullptr && retired_.count(spec.name()) == 0 &&
+            SameUse(*known, known_buffer, spec, buffer)) {
           continue;  // declared alike: nothing to do
         }
         // New, or declared anew: the name's next version, once nothing of
@@ -202,6 +204,7 @@ class Session::Impl {
     for (std::shared_ptr<Tensor>& tensor : *declared) {
       const std::string name = tensor->spec().name();
       cuda_buffers_.erase(name);
+      retired_.erase(name);
       // 0, except where this trainer replaces a lost one and joins the
       // others at their step, or above the step floor (SetStepFloor).
       next_step_[name] = Reserved(name)
@@ -232,7 +235,7 @@ class Session::Impl {
           absl::StrCat("tensor \"", name, "\": unsupported dtype ",
                        v1::DataType_Name(spec.dtype()),
                        "; use float32/64, float16, bfloat16, int32/64, "
-                       "uint8 or int8"));
+                       "uint8, int8 or int16"));
     }
     int64_t elements = 1;
     for (int64_t d : spec.shape()) {
@@ -296,7 +299,12 @@ class Session::Impl {
     };
     // Declared on first use, and anew (its next version) when used with
     // another spec or CUDA buffer than its latest declaration.
-    if (tensor == nullptr ||
+    bool retired = false;
+    {
+      absl::MutexLock lock(&mu_);
+      retired = retired_.count(name) > 0;
+    }
+    if (tensor == nullptr || retired ||
         !SameUse(tensor->spec(), declared_buffer, spec,
                  on_device ? &cuda_buffers.front() : nullptr)) {
       if (absl::Status s = Declare({spec}, cuda_buffers); !s.ok()) return s;
@@ -389,6 +397,15 @@ class Session::Impl {
     }
     operation->delivered = true;
     operation->outcome = status;
+    if (IsTensorRetired(status)) {
+      // Nodes declared this version differently: the next operation on the
+      // name declares it anew.
+      absl::MutexLock lock(&mu_);
+      auto declared = tensors_.find(operation->name);
+      if (declared != tensors_.end() && declared->second == operation->tensor) {
+        retired_.insert(operation->name);
+      }
+    }
     Retire(operation);
     if (!status.ok()) Rewind(*operation);
     return status;
@@ -539,6 +556,9 @@ class Session::Impl {
   int64_t step_floor_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, OperationHandle> in_flight_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> starting_ ABSL_GUARDED_BY(mu_);
+  // Names whose latest declaration is retired (common/tensor_retired.h):
+  // their next operation declares them anew.
+  std::set<std::string> retired_ ABSL_GUARDED_BY(mu_);
 };
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

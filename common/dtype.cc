@@ -12,6 +12,7 @@ int64_t ElementSize(v1::DataType dtype) {
       return 4;
     case v1::DATA_TYPE_FLOAT16:
     case v1::DATA_TYPE_BFLOAT16:
+    case v1::DATA_TYPE_INT16:
       return 2;
     case v1::DATA_TYPE_UINT8:
     case v1::DATA_TYPE_INT8:

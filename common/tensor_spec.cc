@@ -24,6 +24,7 @@ constexpr DtypeInfo kDtypes[] = {
     {v1::DATA_TYPE_FLOAT16, "float16"}, {v1::DATA_TYPE_BFLOAT16, "bfloat16"},
     {v1::DATA_TYPE_INT32, "int32"},     {v1::DATA_TYPE_INT64, "int64"},
     {v1::DATA_TYPE_UINT8, "uint8"},     {v1::DATA_TYPE_INT8, "int8"},
+    {v1::DATA_TYPE_INT16, "int16"},
 };
 }  // namespace
 

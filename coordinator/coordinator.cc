@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/log_context.h"
+#include "common/tensor_spec.h"
 #include "common/validation.h"
 #include "glog/logging.h"
 
@@ -188,24 +189,34 @@ void Coordinator::HandleManifest(SessionId id, uint64_t seq,
                manifest.generation());
     return;
   }
-  for (const v1::TensorMismatch& mismatch : outcome->mismatches) {
-    std::string text;
-    for (const v1::TensorMismatchStatus& known :
-         plans_.Mismatches(manifest.job())) {
-      if (known.tensor() == mismatch.tensor() &&
-          known.field() == mismatch.field()) {
-        text = known.message();
-      }
-    }
-    jobs_.RecordEvent(manifest.job(), "mismatch", text);
+  // The error that tells an agent of a mismatch: its operations on the
+  // tensor fail, and its trainers declare the name anew.
+  const auto mismatch_error = [&](const v1::TensorMismatch& mismatch) {
+    v1::TensorSpec spec;
+    spec.set_name(mismatch.tensor());
+    spec.set_version(mismatch.version());
+    const std::string label = TensorLabel(spec);
     v1::CoordinatorMessage error;
     auto* body = error.mutable_error();
+    for (const v1::TensorMismatchStatus& known :
+         plans_.Mismatches(manifest.job())) {
+      if (known.tensor() == label && known.field() == mismatch.field()) {
+        body->set_message(known.message());
+      }
+    }
     body->set_code(static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
-    body->set_message(text);
     body->set_job(manifest.job());
     body->set_generation(manifest.generation());
     *body->mutable_mismatch() = mismatch;
+    return error;
+  };
+  for (const v1::TensorMismatch& mismatch : outcome->mismatches) {
+    v1::CoordinatorMessage error = mismatch_error(mismatch);
+    jobs_.RecordEvent(manifest.job(), "mismatch", error.error().message());
     jobs_.Broadcast(manifest.job(), error);
+  }
+  for (const v1::TensorMismatch& mismatch : outcome->retired) {
+    sessions_.Send(id, Outbound(mismatch_error(mismatch)));
   }
   if (outcome->plan.has_value()) {
     const v1::PlanSummary summary = plans_.Summary(manifest.job());

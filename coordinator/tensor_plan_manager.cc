@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,6 +108,10 @@ struct TensorPlanManager::JobPlans {
     std::vector<int> declarations;
     int nodes = 0;         // nodes that declared it
     uint8_t reported = 0;  // SpecFields already reported as mismatches
+    // Set once nodes disagree on it: the tensor is retired, never planned in
+    // this generation; holds the first mismatch reported, for nodes that
+    // declare it later.
+    std::optional<v1::TensorMismatch> retired;
   };
 
   // For the life of the job.
@@ -257,6 +262,7 @@ struct TensorPlanManager::JobPlans {
       status.set_field(mismatch.field());
       status.set_message(MismatchMessage(
           mismatch, planned_spec != nullptr ? &planned_text : nullptr));
+      if (!name.retired) name.retired = mismatch;
       found->push_back(std::move(mismatch));
     }
   }
@@ -275,6 +281,7 @@ struct TensorPlanManager::JobPlans {
     for (const std::string& ready_name : ready) {
       if (planned.contains(ready_name)) continue;  // recovered meanwhile
       const DeclaredName& name = names.at(ready_name);
+      if (name.retired) continue;
       // membership.nodes is ordered by node_rank: node 0 is the lowest.
       order.emplace_back(prefixes[DeclarationOf(name, 0)].depth, &name);
     }
@@ -463,11 +470,27 @@ TensorPlanManager::OnManifest(const v1::Membership& membership,
   job.node_end[node] = at;
 
   ManifestOutcome outcome;
-  for (int prefix : added) job.FindMismatches(prefix, &outcome.mismatches);
-  // A mismatch blocks every new entry, not just its own: priorities follow
-  // declaration order, which is not settled while nodes disagree.
-  if (job.mismatches.empty() && !job.ready.empty()) {
+  for (int prefix : added) {
+    JobPlans::DeclaredName& name =
+        job.names.at(TensorKey(job.prefixes[prefix].spec));
+    const bool retired_before = name.retired.has_value();
+    const size_t found = outcome.mismatches.size();
+    job.FindMismatches(prefix, &outcome.mismatches);
+    // Every other member was told when it was retired; this node declares
+    // it only now.
+    if (retired_before && outcome.mismatches.size() == found) {
+      outcome.retired.push_back(*name.retired);
+    }
+  }
+  // A mismatch retires only its own tensor: the others are planned in the
+  // declaration order of the lowest node rank, the retired ones left out.
+  if (std::any_of(job.ready.begin(), job.ready.end(),
+                  [&](const std::string& key) {
+                    return !job.names.at(key).retired.has_value();
+                  })) {
     outcome.plan = job.ExtendPlan(global_step);
+  } else {
+    job.ready.clear();
   }
   return outcome;
 }

@@ -27,12 +27,14 @@ namespace baton::coordinator {
 //   anew with another spec is its next version, a tensor of its own, and
 //   each node's manifest lists a name's versions in order.
 // - Two nodes that declare the same tensor with a different dtype, shape or
-//   op are a mismatch, reported once per (tensor, field).
+//   op are a mismatch, reported once per (tensor, field). The tensor is then
+//   retired: never planned in this generation (a planned one keeps its
+//   entry), while the job's other tensors are planned as before. Its
+//   trainers declare the name anew, as its next version, to use it again.
 // - A tensor declared by every node of the generation is planned. New entries
 //   are appended in the declaration order of the lowest node rank that has
 //   them all; an entry, once planned, never changes its id, priority or
 //   partitioning for the life of the job, across generations.
-// - While a job has an unresolved mismatch no new plan version is issued.
 //
 // Not thread-safe: owned by the coordinator's control loop.
 class TensorPlanManager {
@@ -46,8 +48,12 @@ class TensorPlanManager {
   struct ManifestOutcome {
     // Set when the manifest completed a new plan version.
     std::optional<v1::TensorPlan> plan;
-    // Mismatches this manifest revealed (not ones reported before).
+    // Mismatches this manifest revealed (not ones reported before): for
+    // every member.
     std::vector<v1::TensorMismatch> mismatches;
+    // Mismatches reported before on retired tensors this manifest declares:
+    // for the declaring node only.
+    std::vector<v1::TensorMismatch> retired;
   };
 
   // Out of line: JobPlans is complete only in the .cc.

@@ -23,6 +23,7 @@
 #include "baton/job_status.h"
 #include "baton/session.h"
 #include "baton/status_format.h"
+#include "common/tensor_retired.h"
 
 namespace py = pybind11;
 
@@ -269,6 +270,9 @@ PYBIND11_MODULE(_baton, m) {
       py::object exc =
           py::handle(type)(py::str(std::string(e.status.message())));
       exc.attr("code") = py::str(absl::StatusCodeToString(e.status.code()));
+      // The ranks declared the tensor differently: its next operation
+      // declares it anew (baton.torch forgets an unnamed call's name).
+      exc.attr("retired") = py::bool_(baton::IsTensorRetired(e.status));
       PyErr_SetObject(type, exc.ptr());
     }
   });
@@ -281,6 +285,7 @@ PYBIND11_MODULE(_baton, m) {
   m.attr("INT64") = static_cast<int>(v1::DATA_TYPE_INT64);
   m.attr("UINT8") = static_cast<int>(v1::DATA_TYPE_UINT8);
   m.attr("INT8") = static_cast<int>(v1::DATA_TYPE_INT8);
+  m.attr("INT16") = static_cast<int>(v1::DATA_TYPE_INT16);
   m.attr("PUSH_PULL") = static_cast<int>(v1::COLLECTIVE_OP_PUSH_PULL);
   m.attr("BROADCAST") = static_cast<int>(v1::COLLECTIVE_OP_BROADCAST);
   m.attr("ALLGATHER") = static_cast<int>(v1::COLLECTIVE_OP_ALLGATHER);

@@ -7,6 +7,7 @@ have (Adasum, process sets, join, ...), after which the job goes on."""
 
 import copy
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -276,6 +277,63 @@ def test_what_baton_lacks_raises_a_clear_error_and_the_job_goes_on():
         raise AssertionError("average and op together were accepted")
     assert hvd.global_process_set.size() == hvd.size() and hvd.global_process_set.rank() == hvd.rank()
     assert torch.equal(hvd.allreduce(t, op=hvd.Sum, process_set=hvd.global_process_set), t * hvd.size())
+
+
+def expect_disagreement(call, field, named=False):
+    """`call` raises on this rank, naming `field`, well before the agents'
+    60 s operation timeout: the ranks found the disagreement. Unnamed calls
+    find it in their descriptor round (ValueError); a named tensor is
+    retired by the coordinator (BatonError, e.retired)."""
+    start = time.monotonic()
+    try:
+        call()
+    except (ValueError, RuntimeError) as e:
+        assert field in str(e), (field, str(e))
+        if named:
+            assert isinstance(e, RuntimeError) and e.retired, (type(e), str(e))
+        else:
+            assert isinstance(e, ValueError), (type(e), str(e))
+    else:
+        raise AssertionError("ranks that disagree on the %s did not raise" % field)
+    assert time.monotonic() - start < 30.0, time.monotonic() - start
+
+
+def test_ranks_that_disagree_raise_on_every_rank_and_the_next_call_works():
+    """Horovod's contract: an allreduce or broadcast whose shape or dtype
+    differs by node, named or not, raises on every rank, and the next call
+    on the same name (or the next unnamed one) works."""
+    first_node = hvd.rank() < hvd.local_size()
+    expect_disagreement(lambda: hvd.allreduce(torch.ones(2 if first_node else 3)), "shape")
+    assert torch.equal(hvd.allreduce(torch.ones(3)), torch.ones(3))
+    ints = torch.ones(4, dtype=torch.int32 if first_node else torch.float32)
+    expect_disagreement(lambda: hvd.allreduce(ints, op=hvd.Sum), "dtype")
+    assert torch.equal(hvd.allreduce(torch.ones(4, dtype=torch.int32), op=hvd.Sum), torch.full((4,), hvd.size(), dtype=torch.int32))
+    # The shapes an unnamed call saw before still work as before.
+    assert torch.equal(hvd.allreduce(torch.ones(2)), torch.ones(2))
+    expect_disagreement(lambda: hvd.allreduce(torch.ones(2 if first_node else 3), name="hvd.disagree"), "shape", named=True)
+    assert torch.equal(hvd.allreduce(torch.ones(2), name="hvd.disagree"), torch.ones(2))
+    expect_disagreement(lambda: hvd.broadcast(torch.ones(1 if first_node else 2), 0), "shape")
+    assert torch.equal(hvd.broadcast(torch.full((2,), float(hvd.rank())), 0), torch.zeros(2))
+
+
+def test_int8_int16_and_bool_as_horovod_takes_them():
+    n = hvd.size()
+    for dtype in (torch.int8, torch.int16):
+        t = torch.full((3,), hvd.rank() + 1, dtype=dtype)
+        assert torch.equal(hvd.allreduce(t, op=hvd.Sum), torch.full((3,), n * (n + 1) // 2, dtype=dtype))
+        assert torch.equal(hvd.allreduce(t, op=hvd.Max, name="hvd.small.max"), torch.full((3,), n, dtype=dtype))
+        assert torch.equal(hvd.broadcast(t, n - 1), torch.full((3,), n, dtype=dtype))
+    flags = torch.tensor([hvd.rank() == 0, True, False])
+    assert torch.equal(hvd.allreduce(flags, op=hvd.Sum), torch.tensor([True, True, False]))
+    assert torch.equal(hvd.allreduce(flags, op=hvd.Min), torch.tensor([False, True, False]))
+    assert torch.equal(hvd.broadcast(flags, 0), torch.tensor([True, True, False]))
+    assert hvd.broadcast_(flags, 1) is flags and torch.equal(flags, torch.tensor([False, True, False]))
+    try:
+        hvd.allreduce(flags)
+    except ValueError as e:
+        assert "no mean" in str(e), str(e)
+    else:
+        raise AssertionError("the mean of a bool tensor was taken")
 
 
 def test_built_and_enabled_say_what_baton_is():

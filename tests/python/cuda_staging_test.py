@@ -4,6 +4,7 @@ fakes, and CPU tensors stand in for CUDA ones. The tests check what is
 declared and enqueued, and the order of the copies, the ready event and the
 completion. Runs as a plain script (tests/python/CMakeLists.txt)."""
 
+import ctypes
 import sys
 import unittest
 
@@ -185,6 +186,15 @@ class FakeSession:
     def push_pull_async(self, name, data, dtype, shape, average, output, op=0):
         self.log.append(("host push_pull", name))
         return FakeOperation(name, None, "host")
+
+    def allgather_async(self, name, data, dtype, shape, output):
+        """The descriptor round of an unnamed call: the other rank's
+        tensor is described as this one's."""
+        self.log.append(("allgather", name))
+        size = 8 * shape[0]
+        for rank in range(self.size()):
+            ctypes.memmove(output + rank * size, data, size)
+        return FakeOperation(name, None, "allgather")
 
     def poll(self, operation):
         return True
@@ -399,7 +409,7 @@ class PushPullTest(CudaTestCase):
         self.assertTrue(torch.equal(output, torch.tensor([6.0, 7.0])))
         self.assertTrue(torch.equal(gradient, torch.tensor([2.0, 4.0])))
 
-    def test_unnamed_cuda_push_pulls_get_names_of_their_own(self):
+    def test_unnamed_push_pulls_in_flight_together_get_a_slot_each(self):
         host = torch.tensor([1.0, 2.0])
         device = cuda_tensor([1.0, 2.0])
         first = bt.push_pull_async(device)
@@ -409,10 +419,13 @@ class PushPullTest(CudaTestCase):
         bt.synchronize(second)
         names = [entry[1][0][0] for entry in self.events("declare")]
         self.assertEqual(names, ["PushPull.noname.cuda.float32.2.0", "PushPull.noname.cuda.float32.2.1"])
-        self.assertEqual(self.events("host push_pull"), [("host push_pull", "PushPull.noname.float32.2.0")])
+        self.assertEqual(self.events("host push_pull"), [("host push_pull", "PushPull.noname.float32.2.2")])
+        # Each first gathered the ranks' descriptors under its slot.
         self.assertEqual(
-            bt._core._unnamed_busy, {(True, "torch.float32", (2,)): set(), (False, "torch.float32", (2,)): set()}
+            [name for _, name in self.events("allgather")],
+            ["baton.PushPull.noname.0", "baton.PushPull.noname.1", "baton.PushPull.noname.2"],
         )
+        self.assertEqual(bt._core._unnamed_busy, {("PushPull",): set()})
 
     def test_streams_a_copy_on_another_stream_waits_for_the_last_one(self):
         tensor = cuda_tensor([1.0])

@@ -48,8 +48,8 @@ absl::StatusOr<NcclType> ToNcclType(v1::DataType dtype) {
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "unsupported data type ", DataTypeName(dtype),
-          ": give float32, float64, float16, bfloat16, int32, int64, uint8 "
-          "or int8"));
+          " on a GPU: give float32, float64, float16, bfloat16, int32, "
+          "int64, uint8 or int8 (NCCL has no int16: use a host tensor)"));
   }
 }
 

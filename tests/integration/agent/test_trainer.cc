@@ -68,6 +68,7 @@ constexpr DType kDTypes[] = {
     {"int64", v1::DATA_TYPE_INT64, 8},
     {"uint8", v1::DATA_TYPE_UINT8, 1},
     {"int8", v1::DATA_TYPE_INT8, 1},
+    {"int16", v1::DATA_TYPE_INT16, 2},
 };
 
 // Small integers, exact in every dtype: float16 and bfloat16 included.
@@ -123,6 +124,11 @@ void Store(v1::DataType type, uint8_t* data, size_t i, int64_t value) {
     case v1::DATA_TYPE_INT8:
       data[i] = static_cast<uint8_t>(static_cast<int8_t>(value));
       break;
+    case v1::DATA_TYPE_INT16: {
+      const int16_t v = static_cast<int16_t>(value);
+      std::memcpy(data + 2 * i, &v, 2);
+      break;
+    }
     default:
       break;
   }
@@ -142,6 +148,7 @@ int64_t Expected(v1::DataType type, size_t i, int world, bool average,
   const int64_t sum = static_cast<int64_t>(i % 5 + 1) * world * (world + 1);
   int64_t wrapped = sum;
   if (type == v1::DATA_TYPE_INT8) wrapped = static_cast<int8_t>(sum);
+  if (type == v1::DATA_TYPE_INT16) wrapped = static_cast<int16_t>(sum);
   if (type == v1::DATA_TYPE_UINT8) wrapped = static_cast<uint8_t>(sum);
   if (type == v1::DATA_TYPE_INT32) wrapped = static_cast<int32_t>(sum);
   if (!average) return wrapped;

@@ -89,10 +89,10 @@ uint16_t SumBFloat16s(std::vector<uint16_t> values) {
 // ---------------------------------------------------------------------------
 // Every dtype, source count, length and aliasing, on data whose sums are exact.
 
-const v1::DataType kAllTypes[] = {v1::DATA_TYPE_FLOAT32, v1::DATA_TYPE_FLOAT64,
-                                  v1::DATA_TYPE_FLOAT16, v1::DATA_TYPE_BFLOAT16,
-                                  v1::DATA_TYPE_INT32,   v1::DATA_TYPE_INT64,
-                                  v1::DATA_TYPE_UINT8,   v1::DATA_TYPE_INT8};
+const v1::DataType kAllTypes[] = {
+    v1::DATA_TYPE_FLOAT32,  v1::DATA_TYPE_FLOAT64, v1::DATA_TYPE_FLOAT16,
+    v1::DATA_TYPE_BFLOAT16, v1::DATA_TYPE_INT32,   v1::DATA_TYPE_INT64,
+    v1::DATA_TYPE_UINT8,    v1::DATA_TYPE_INT8,    v1::DATA_TYPE_INT16};
 
 // Writes `value` as one element of `dtype`: exactly for the floating types
 // (callers keep values small enough), wrapped for the integer types.
@@ -147,6 +147,8 @@ int64_t RandomValue(v1::DataType dtype, std::mt19937_64& rng) {
       return static_cast<uint8_t>(r);
     case v1::DATA_TYPE_INT8:
       return static_cast<int8_t>(r);
+    case v1::DATA_TYPE_INT16:
+      return static_cast<int16_t>(r);
     default:
       ADD_FAILURE() << "no values for dtype " << dtype;
       return 0;

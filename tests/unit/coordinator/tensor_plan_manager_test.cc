@@ -56,6 +56,12 @@ v1::TensorSpec Spec(const std::string& name, std::vector<int64_t> shape,
   return spec;
 }
 
+// `spec` as version `version` of its name.
+v1::TensorSpec Version(v1::TensorSpec spec, int32_t version) {
+  spec.set_version(version);
+  return spec;
+}
+
 v1::Manifest MakeManifest(int64_t generation,
                           const std::vector<v1::TensorSpec>& specs) {
   v1::Manifest manifest;
@@ -454,14 +460,43 @@ TEST_F(TensorPlanManagerTest, HostOnOneNodeAndCudaOnAnotherIsMismatch) {
   EXPECT_FALSE(outcome.plan.has_value());
 }
 
-TEST_F(TensorPlanManagerTest, MismatchBlocksEveryNewPlanVersion) {
-  Declare("n0", {Spec("ok", {1}), Spec("w", {3})});
-  const auto outcome = Declare("n1", {Spec("ok", {1}), Spec("w", {5})});
+TEST_F(TensorPlanManagerTest, MismatchRetiresOnlyItsOwnTensor) {
+  Declare("n0", {Spec("ok", {1}), Spec("w", {3}), Spec("after", {2})});
+  const auto outcome =
+      Declare("n1", {Spec("ok", {1}), Spec("w", {5}), Spec("after", {2})});
   EXPECT_THAT(outcome.mismatches, SizeIs(1));
-  // "ok" is declared identically everywhere, but the job is blocked.
-  EXPECT_FALSE(outcome.plan.has_value());
-  EXPECT_EQ(manager_.Plan(kJob), nullptr);
-  EXPECT_EQ(manager_.Summary(kJob).version(), 0);
+  // "w" is retired; the tensors declared alike around it are planned.
+  ASSERT_TRUE(outcome.plan.has_value());
+  EXPECT_THAT(Entries(*outcome.plan),
+              ElementsAre("0 ok p0 4B 1x", "1 after p1 8B 1x"));
+  // Its next version, declared alike, is planned after them.
+  Declare("n0", {Spec("ok", {1}), Spec("w", {3}), Spec("after", {2}),
+                 Version(Spec("w", {5}), 1)});
+  const auto next =
+      Declare("n1", {Spec("ok", {1}), Spec("w", {5}), Spec("after", {2}),
+                     Version(Spec("w", {5}), 1)});
+  EXPECT_THAT(next.mismatches, IsEmpty());
+  ASSERT_TRUE(next.plan.has_value());
+  EXPECT_THAT(
+      Entries(*next.plan),
+      ElementsAre("0 ok p0 4B 1x", "1 after p1 8B 1x", "2 w p2 20B 1x"));
+  EXPECT_EQ(next.plan->tensors(2).spec().version(), 1);
+}
+
+TEST_F(TensorPlanManagerTest, NodeDeclaringARetiredTensorLaterIsToldOfIt) {
+  Seal(MakeMembership(2, {{"n0", 2}, {"n1", 1}, {"n2", 1}}));
+  Declare("n0", {Spec("w", {3})});
+  const auto found = Declare("n1", {Spec("w", {5})});
+  ASSERT_THAT(found.mismatches, SizeIs(1));
+  EXPECT_THAT(found.retired, IsEmpty());
+  // n2 agrees with n0, but "w" is retired: n2 alone gets the mismatch.
+  const auto late = Declare("n2", {Spec("w", {3}), Spec("x", {1})});
+  EXPECT_THAT(late.mismatches, IsEmpty());
+  ASSERT_THAT(late.retired, SizeIs(1));
+  EXPECT_EQ(late.retired[0].tensor(), "w");
+  EXPECT_EQ(late.retired[0].field(), "shape");
+  // "x" is declared by n2 only: nothing is planned yet.
+  EXPECT_FALSE(late.plan.has_value());
 }
 
 TEST_F(TensorPlanManagerTest, NewGenerationClearsMismatchesAndPlansAgain) {
@@ -515,8 +550,13 @@ TEST_F(TensorPlanManagerTest, PlanMismatchMessageListsOnlyDeviations) {
             "tensor \"w\" is planned with dtype float32 but has float16 on "
             "ranks {2} (node n1): a planned tensor keeps its spec for the life "
             "of the job; declare it as planned");
-  // Blocked: nothing new is planned while the mismatch stands.
-  EXPECT_FALSE(Declare("n2", {Spec("w", {2}), Spec("x", {1})}).plan);
+  // Only "w" is held back: "x", declared alike everywhere, is planned.
+  Declare("n0", {Spec("w", {2}), Spec("x", {1})});
+  Declare("n1", {Spec("w", {2}, v1::DATA_TYPE_FLOAT16), Spec("x", {1})});
+  const auto outcome2 = Declare("n2", {Spec("w", {2}), Spec("x", {1})});
+  ASSERT_TRUE(outcome2.plan.has_value());
+  EXPECT_THAT(Entries(*outcome2.plan),
+              ElementsAre("0 w p0 8B 1x", "1 x p1 4B 1x"));
 }
 
 TEST_F(TensorPlanManagerTest, LongRankListsAreShortenedInMessages) {
@@ -636,11 +676,6 @@ TEST_F(TensorPlanManagerTest, RejectsRedeclaringAnEarlierTensor) {
 
 // A name declared anew with another spec is its next version: a tensor of
 // its own, planned beside the first, with its own id.
-v1::TensorSpec Version(v1::TensorSpec spec, int32_t version) {
-  spec.set_version(version);
-  return spec;
-}
-
 TEST_F(TensorPlanManagerTest, ANameDeclaredAnewIsPlannedAsItsNextVersion) {
   const std::vector<v1::TensorSpec> first = {Spec("x", {10, 100}),
                                              Spec("y", {1})};

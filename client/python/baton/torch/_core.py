@@ -106,6 +106,7 @@ _DTYPES = {
     torch.int64: _baton.INT64,
     torch.uint8: _baton.UINT8,
     torch.int8: _baton.INT8,
+    torch.int16: _baton.INT16,
 }
 
 _lock = threading.Lock()
@@ -122,8 +123,9 @@ _groups = {}
 # which wraps the push-pull of the payload and decompresses at synchronize.
 _compressed = {}
 _next_handle = 0
-# Unnamed push-pulls: (memory, dtype, shape) -> slots in use, so that each
-# call in flight gets its own tensor name and names repeat from step to step.
+# Unnamed calls: (kind,) -> slots in use. The calls in flight together are
+# matched across ranks by order (their slot), whatever their tensors, so
+# ranks whose tensors differ meet on one name and get an error, not a wait.
 _unnamed_busy = {}
 # Host tensor name -> weakref of the tensor (a parameter) whose gradient
 # lives in its shared memory (_shared_views).
@@ -347,6 +349,8 @@ def _dtype_of(tensor, what):
             "%s has dtype %s; baton supports %s"
             % (what, tensor.dtype, ", ".join(str(d) for d in _DTYPES))
         )
+    if dtype == _baton.INT16 and _cuda.is_cuda(tensor):
+        raise ValueError("%s is an int16 CUDA tensor: NCCL has no int16; use a host tensor or int32" % what)
     return dtype
 
 
@@ -363,23 +367,18 @@ def _register(operation, tensor, target, unnamed_key, slot=None, finish=None):
         return _next_handle
 
 
-def _unnamed_name(tensor):
-    on_device = _cuda.is_cuda(tensor)
-    key = (on_device, str(tensor.dtype), tuple(tensor.shape))
+def _unnamed_name(kind):
+    """The name of an unnamed call of `kind` ("Allgather"),
+    "<kind>.noname.<slot>", and the key that _release_unnamed frees: calls
+    in flight together are matched across ranks by order (their slot)."""
+    key = (kind,)
     with _lock:
         busy = _unnamed_busy.setdefault(key, set())
         slot = 0
         while slot in busy:
             slot += 1
         busy.add(slot)
-    shape = "x".join(str(d) for d in tensor.shape) or "scalar"
-    # Host tensors keep the names they always had; CUDA ones get their own.
-    return "PushPull.noname.%s%s.%s.%d" % (
-        "cuda." if on_device else "",
-        key[1].replace("torch.", ""),
-        shape,
-        slot,
-    ), (key, slot)
+    return "%s.noname.%d" % (kind, slot), (key, slot)
 
 
 def _release_unnamed(unnamed_key):
@@ -388,6 +387,65 @@ def _release_unnamed(unnamed_key):
     key, slot = unnamed_key
     with _lock:
         _unnamed_busy.get(key, set()).discard(slot)
+
+
+def _ranks_by(values):
+    """"a on ranks {0,1}; b on ranks {2}": which ranks hold which value."""
+    by = {}
+    for rank, value in enumerate(values):
+        by.setdefault(value, []).append(rank)
+    return "; ".join("%s on ranks {%s}" % (v, ",".join(map(str, rs))) for v, rs in by.items())
+
+
+# An unnamed tensor's descriptor: dtype code, on a CUDA device, dimensions,
+# then the shape (TensorSpec allows 8 dimensions).
+_UNNAMED_DESCRIPTOR = 3 + 8
+
+
+def _agreed_unnamed_name(session, kind, what, tensor, dtype):
+    """The name of an unnamed push-pull or broadcast (`kind`), and its key
+    for _release_unnamed. Horovod matches unnamed calls by order, whatever
+    their tensors, while baton's names stand for one dtype and shape. So
+    the ranks first gather a descriptor of their tensors under the call's
+    slot (baton.<kind>.noname.<slot>): where the tensors differ, every rank
+    raises ValueError naming what differs and on which ranks, and the next
+    call works; where they agree, the tensor is
+    <kind>.noname[.cuda].<dtype>.<shape>.<slot>, which comes back every
+    step. Name a tensor to skip this round."""
+    if tensor.dim() > 8:
+        raise ValueError("%s has %d dimensions; baton takes at most 8" % (what, tensor.dim()))
+    slot_name, unnamed_key = _unnamed_name(kind)
+    try:
+        on_device = _cuda.is_cuda(tensor)
+        shape = list(tensor.shape)
+        descriptor = torch.tensor([dtype, int(on_device), len(shape)] + shape + [0] * (8 - len(shape)), dtype=torch.int64)
+        gathered = torch.empty((session.size(), _UNNAMED_DESCRIPTOR), dtype=torch.int64)
+        operation = session.allgather_async(
+            "baton." + slot_name, descriptor.data_ptr(), _baton.INT64, [_UNNAMED_DESCRIPTOR], gathered.data_ptr()
+        )
+        synchronize(_register(operation, gathered, None, None))
+        dtypes = {code: str(t).replace("torch.", "") for t, code in _DTYPES.items()}
+        fields = (
+            ("dtype", [dtypes.get(int(d[0]), int(d[0])) for d in gathered]),
+            ("device", ["cuda" if d[1] else "cpu" for d in gathered]),
+            ("shape", [str([int(x) for x in d[3 : 3 + int(d[2])]]) for d in gathered]),
+        )
+        for field, values in fields:
+            if len(set(values)) > 1:
+                raise ValueError(
+                    "%s: the ranks' tensors differ in %s: %s (unnamed calls are matched by order)"
+                    % (what, field, _ranks_by(values))
+                )
+    except BaseException:
+        _release_unnamed(unnamed_key)
+        raise
+    return "%s.noname.%s%s.%s.%d" % (
+        kind,
+        "cuda." if on_device else "",
+        str(tensor.dtype).replace("torch.", ""),
+        "x".join(str(d) for d in shape) or "scalar",
+        unnamed_key[1],
+    ), unnamed_key
 
 
 def push_pull_async(tensor, average=None, name=None, op=None, compression=None):
@@ -415,6 +473,25 @@ def push_pull_async(tensor, average=None, name=None, op=None, compression=None):
     return _start_push_pull(tensor, average, name, None, op, compression)
 
 
+def _start_bool_push_pull(tensor, average, name, output, op):
+    """A bool tensor travels as its bytes (0 or 1): Sum and Max are any
+    (logical or) and Min and Product all (logical and), as the bytes' max
+    or min; a bool has no mean."""
+    average, code = _resolve_op(average, op)
+    if average or code not in (_baton.REDUCE_SUM, _baton.REDUCE_MAX, _baton.REDUCE_MIN, _baton.REDUCE_PRODUCT):
+        raise ValueError(
+            "push_pull of bool tensor %r: give op=Sum or Max (any rank's True), Min or Product (every "
+            "rank's True); a bool has no mean" % (name,)
+        )
+    target = torch.empty_like(tensor) if output is None else output
+    handle = _start_push_pull(
+        tensor.view(torch.uint8), None, name, target.view(torch.uint8), Max if code in (_baton.REDUCE_SUM, _baton.REDUCE_MAX) else Min
+    )
+    with _lock:
+        _pending[handle].finish = lambda _: target
+    return handle
+
+
 def push_pull_async_inplace(tensor, average=None, name=None, op=None, compression=None):
     """push_pull_async whose result goes into `tensor` itself when the
     handle is synchronized (BytePS's push_pull_async_inplace; Horovod's
@@ -427,6 +504,8 @@ def _start_push_pull(tensor, average, name, output, op=None, compression=None):
     dense tensor shaped and typed like it, or None for a new one. A host
     result is written straight into a dense output (a non-contiguous
     `tensor` is copied back into at synchronize)."""
+    if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.bool:
+        return _start_bool_push_pull(tensor, average, name, output, op)
     if compression is not None:
         # compression builds on this module (onebit push-pulls a scale), so
         # it is imported here, not at the top.
@@ -441,7 +520,7 @@ def _start_push_pull(tensor, average, name, output, op=None, compression=None):
     average, op_code = _resolve_op(average, op)
     unnamed_key = None
     if name is None:
-        name, unnamed_key = _unnamed_name(tensor)
+        name, unnamed_key = _agreed_unnamed_name(session, "PushPull", what, tensor, dtype)
     try:
         if output is None:
             output = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
@@ -498,19 +577,34 @@ def _synchronize_compressed(handle, operation, timeout):
     return result
 
 
-def broadcast_async(tensor, root_rank, name):
-    """Starts an in-place broadcast of root_rank's `tensor` to every rank."""
+def broadcast_async(tensor, root_rank, name=None):
+    """Starts an in-place broadcast of root_rank's `tensor` to every rank.
+    Without a name, broadcasts in flight together are matched by order."""
+    if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.bool:
+        # Its bytes travel (the spec says uint8).
+        handle = broadcast_async(tensor.view(torch.uint8), root_rank, name)
+        with _lock:
+            _pending[handle].finish = lambda _: tensor
+        return handle
     session = _require()
-    dtype = _dtype_of(tensor, "broadcast tensor %r" % (name,))
-    if _cuda.is_cuda(tensor):
-        return _start_on_device(
-            session, name, tensor, dtype, _baton.BROADCAST, tensor, None, root_rank=int(root_rank)
+    what = "broadcast tensor %r" % (name,) if name else "broadcast tensor"
+    dtype = _dtype_of(tensor, what)
+    unnamed_key = None
+    if name is None:
+        name, unnamed_key = _agreed_unnamed_name(session, "Broadcast", what, tensor, dtype)
+    try:
+        if _cuda.is_cuda(tensor):
+            return _start_on_device(
+                session, name, tensor, dtype, _baton.BROADCAST, tensor, unnamed_key, root_rank=int(root_rank)
+            )
+        dense = _contiguous(tensor)
+        operation = session.broadcast_async(
+            name, dense.data_ptr(), dtype, list(dense.shape), int(root_rank)
         )
-    dense = _contiguous(tensor)
-    operation = session.broadcast_async(
-        name, dense.data_ptr(), dtype, list(dense.shape), int(root_rank)
-    )
-    return _register(operation, dense, tensor if dense is not tensor else None, None)
+    except BaseException:
+        _release_unnamed(unnamed_key)
+        raise
+    return _register(operation, dense, tensor if dense is not tensor else None, unnamed_key)
 
 
 def _device_slot(name, tensor, code):
@@ -836,7 +930,7 @@ def push_pull_inplace(tensor, average=None, name=None, op=None, compression=None
     return synchronize(push_pull_async_inplace(tensor, average, name, op, compression))
 
 
-def broadcast(tensor, root_rank, name):
+def broadcast(tensor, root_rank, name=None):
     """broadcast_async + synchronize: `tensor` holds root_rank's values."""
     return synchronize(broadcast_async(tensor, root_rank, name))
 

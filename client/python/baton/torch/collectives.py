@@ -43,20 +43,6 @@ _DESCRIPTOR = _DIMS + _MAX_DIMS - 1
 _capacity = {}
 
 
-def _unnamed_name(kind):
-    """The name of an unnamed call of `kind` ("Allgather"): calls in flight
-    together are matched across ranks by order (their slot), whatever their
-    tensors, so that ranks whose tensors differ get an error, not a wait."""
-    key = (kind,)
-    with _core._lock:
-        busy = _core._unnamed_busy.setdefault(key, set())
-        slot = 0
-        while slot in busy:
-            slot += 1
-        busy.add(slot)
-    return "%s.noname.%d" % (kind, slot), (key, slot)
-
-
 def _padded_rows(rows, capacity):
     """Rows each rank sends: exactly the rows when all ranks have as many;
     otherwise the agreed capacity while it holds the largest and is under
@@ -100,12 +86,7 @@ def _disagreement(what, name, gathered, rows_may_differ):
     """The error every rank raises when the ranks' tensors do not fit
     together (each rank holds the same descriptors), or None."""
     dtypes = {code: str(t).replace("torch.", "") for t, code in _core._DTYPES.items()}
-
-    def ranks_by(values):
-        by = {}
-        for r, v in enumerate(values):
-            by.setdefault(v, []).append(r)
-        return "; ".join("%s on ranks %s" % (v, _ranks_text(rs)) for v, rs in by.items())
+    ranks_by = _core._ranks_by
 
     codes = [int(d[_DTYPE]) for d in gathered]
     if len(set(codes)) > 1:
@@ -150,7 +131,7 @@ def allgather_async(tensor, name=None):
     dtype, host, device = _host_copy(tensor, "allgather tensor %r" % (name,) if name else "allgather tensor")
     unnamed_key = None
     if name is None:
-        name, unnamed_key = _unnamed_name("Allgather")
+        name, unnamed_key = _core._unnamed_name("Allgather")
     try:
         world = session.size()
         gathered = _exchange_descriptors(session, "allgather." + name, host, dtype, _capacity.get(name, 0))
@@ -238,7 +219,7 @@ def reducescatter_async(tensor, op=None, name=None, average=None):
     average, op_code = _core._resolve_op(average, op)
     unnamed_key = None
     if name is None:
-        name, unnamed_key = _unnamed_name("ReduceScatter")
+        name, unnamed_key = _core._unnamed_name("ReduceScatter")
     try:
         world, rank = session.size(), session.rank()
         gathered = _exchange_descriptors(session, "reducescatter." + name, host, dtype)
@@ -337,7 +318,7 @@ def _alltoall_async(tensor, splits, name, timeout=None):
     mine, problem = _own_splits(splits, host.shape[0], world, label)
     unnamed_key = None
     if name is None:
-        name, unnamed_key = _unnamed_name("Alltoall")
+        name, unnamed_key = _core._unnamed_name("Alltoall")
     try:
         # Splits that do not fit travel as -1s, so that every rank raises.
         gathered = _exchange_descriptors(

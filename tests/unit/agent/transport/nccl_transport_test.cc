@@ -72,7 +72,7 @@ void NcclCollectivesTest::ExpectAllreduce(
     DeviceReduceOp op,
     const std::function<int64_t(int, size_t, v1::DataType)>& input,
     const std::function<int64_t(size_t, v1::DataType)>& expected_value) {
-  for (v1::DataType dtype : kAllTypes) {
+  for (v1::DataType dtype : kNcclTypes) {
     SCOPED_TRACE(v1::DataType_Name(dtype));
     std::vector<uint8_t> expected(count() * ElementSize(dtype));
     for (size_t i = 0; i < count(); ++i) {

@@ -60,6 +60,9 @@ inline void WriteElement(v1::DataType dtype, void* data, size_t i,
     case v1::DATA_TYPE_INT8:
       static_cast<int8_t*>(data)[i] = static_cast<int8_t>(value);
       return;
+    case v1::DATA_TYPE_INT16:
+      static_cast<int16_t*>(data)[i] = static_cast<int16_t>(value);
+      return;
     default:
       FAIL() << "no test encoding for data type " << dtype;
   }
@@ -91,6 +94,12 @@ inline int64_t AverageValue(int rank, int ranks, size_t i, v1::DataType dtype) {
 }
 
 inline constexpr v1::DataType kAllTypes[] = {
+    v1::DATA_TYPE_FLOAT32,  v1::DATA_TYPE_FLOAT64, v1::DATA_TYPE_FLOAT16,
+    v1::DATA_TYPE_BFLOAT16, v1::DATA_TYPE_INT32,   v1::DATA_TYPE_INT64,
+    v1::DATA_TYPE_UINT8,    v1::DATA_TYPE_INT8,    v1::DATA_TYPE_INT16};
+
+// The types NCCL reduces: all but INT16.
+inline constexpr v1::DataType kNcclTypes[] = {
     v1::DATA_TYPE_FLOAT32,  v1::DATA_TYPE_FLOAT64, v1::DATA_TYPE_FLOAT16,
     v1::DATA_TYPE_BFLOAT16, v1::DATA_TYPE_INT32,   v1::DATA_TYPE_INT64,
     v1::DATA_TYPE_UINT8,    v1::DATA_TYPE_INT8};

@@ -340,38 +340,28 @@ def reducescatter_async(tensor, op=None, name=None, process_set=global_process_s
 # --- broadcast ---
 
 
-def _broadcast_name(tensor, name):
-    """Horovod matches unnamed broadcasts by order; baton needs a name. One
-    per dtype and shape: unnamed broadcasts of one dtype and shape go one at
-    a time (a second in flight raises ValueError; name them to overlap)."""
-    if name is not None:
-        return name
-    shape = "x".join(str(d) for d in tensor.shape) or "scalar"
-    return "Broadcast.noname.%s.%s" % (str(tensor.dtype).replace("torch.", ""), shape)
-
-
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """A new tensor holding root_rank's `tensor`; `tensor` is unchanged.
     Differentiable."""
     _global(process_set, "hvd.broadcast")
-    return Broadcast.apply(tensor, root_rank, _broadcast_name(tensor, name))
+    return Broadcast.apply(tensor, root_rank, name)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts broadcast; synchronize(handle) returns the new tensor."""
     _global(process_set, "hvd.broadcast_async")
-    return bt.broadcast_async(tensor.detach().clone(), root_rank, _broadcast_name(tensor, name))
+    return bt.broadcast_async(tensor.detach().clone(), root_rank, name)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In place: `tensor` becomes root_rank's values and is returned."""
     _global(process_set, "hvd.broadcast_")
-    return bt.broadcast(tensor, root_rank, _broadcast_name(tensor, name))
+    return bt.broadcast(tensor, root_rank, name)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
     _global(process_set, "hvd.broadcast_async_")
-    return bt.broadcast_async(tensor, root_rank, _broadcast_name(tensor, name))
+    return bt.broadcast_async(tensor, root_rank, name)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
