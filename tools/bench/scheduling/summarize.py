@@ -47,9 +47,10 @@ import re
 import statistics
 import sys
 
-MODES = ["ddp", "fifo", "priority"]
+MODES = ["ddp", "ddp-baton", "fifo", "priority"]
 NAMES = {
     "ddp": "torch DDP (gloo)",
+    "ddp-baton": 'torch DDP on the "baton" backend',
     "fifo": "baton fifo + DistributedOptimizer",
     "priority": "baton priority + ScheduledOptimizer",
     "compute": "compute only (1 process, no communication)",

@@ -25,10 +25,17 @@ Modes:
   --mode ddp       torch.distributed DistributedDataParallel over gloo; rank
                    and world size from RANK / WORLD_SIZE, rendezvous at
                    --init (tcp://HOST:PORT)
+  --mode ddp-baton the same DDP over torch.distributed's "baton" backend
+                   (baton's defaults); run under batonrun, which sets the
+                   torchrun environment
   --mode fifo      baton DistributedOptimizer (Horovod style); run with
                    BATON_SCHEDULING=fifo under batonrun
   --mode priority  baton ScheduledOptimizer (cross-iteration overlap); run
                    with BATON_SCHEDULING=priority under batonrun
+  --compression fp16
+                   gradients travel as float16: baton's Compression.fp16
+                   (fifo, priority), DDP's fp16_compress_hook (ddp,
+                   ddp-baton); default none
   --compute-only   one process, no communication: the forward + backward +
                    SGD update time of the same model and batch
   --describe       prints the model's parameter count and gradient bytes
@@ -201,8 +208,17 @@ def run_ddp(args, model, optimizer):
     from torch.nn.parallel import DistributedDataParallel
 
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=args.init, rank=rank, world_size=size)
+    if args.mode == "ddp-baton":
+        import baton.torch  # noqa: F401 - registers the "baton" backend
+
+        dist.init_process_group("baton")
+    else:
+        dist.init_process_group("gloo", init_method=args.init, rank=rank, world_size=size)
     ddp = DistributedDataParallel(model)
+    if args.compression == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     result = train(ddp, optimizer, make_batches(args.model, rank, args.batch, args.emulation), args.steps)
     # Debian's torch 1.13 + gloo: free the DDP object and pass a barrier
     # before destroy_process_group(), or some exits hang.
@@ -217,10 +233,13 @@ def run_baton(args, model, optimizer):
 
     bt.init()
     bt.broadcast_parameters(model.state_dict(), root_rank=0)
+    compression = bt.Compression.fp16 if args.compression == "fp16" else None
     if args.mode == "fifo":
-        optimizer = bt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        optimizer = bt.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression=compression
+        )
     else:
-        optimizer = bt.ScheduledOptimizer(model, optimizer, num_steps=args.steps)
+        optimizer = bt.ScheduledOptimizer(model, optimizer, num_steps=args.steps, compression=compression)
     result = train(model, optimizer, make_batches(args.model, bt.rank(), args.batch, args.emulation), args.steps)
     if args.mode == "priority":
         optimizer.close()
@@ -238,8 +257,9 @@ def run_baton(args, model, optimizer):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=["ddp", "fifo", "priority"])
+    parser.add_argument("--mode", choices=["ddp", "ddp-baton", "fifo", "priority"])
     parser.add_argument("--compute-only", action="store_true")
+    parser.add_argument("--compression", choices=["none", "fp16"], default="none")
     parser.add_argument("--describe", action="store_true")
     parser.add_argument("--model", choices=MODELS, default="vgg")
     parser.add_argument("--width", type=int, help="first conv block's channels (default: the model's)")
@@ -286,6 +306,7 @@ def main():
         "batch": args.batch,
         "params": params,
         "grad_bytes": grad_bytes,
+        "compression": args.compression,
     }
     if args.emulation is not None:
         profile, stream, _ = args.emulation
@@ -305,7 +326,7 @@ def main():
     if args.compute_only:
         rank, size, result = 0, 1, train(
             model, optimizer, make_batches(args.model, 0, args.batch, args.emulation), args.steps)
-    elif args.mode == "ddp":
+    elif args.mode in ("ddp", "ddp-baton"):
         rank, size, result = run_ddp(args, model, optimizer)
     else:
         rank, size, result = run_baton(args, model, optimizer)
