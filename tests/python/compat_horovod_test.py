@@ -336,6 +336,42 @@ def test_int8_int16_and_bool_as_horovod_takes_them():
         raise AssertionError("the mean of a bool tensor was taken")
 
 
+def test_sync_batch_norm_normalizes_over_every_rank():
+    """hvd.SyncBatchNorm, as torchvision's norm_layer in Horovod's synthetic
+    benchmark, against torch's BatchNorm2d on every rank's batch at once:
+    the same outputs, input gradients (of the sum of every rank's loss),
+    summed weight gradients and running statistics."""
+    n, rank = hvd.size(), hvd.rank()
+    batches = [torch.randn(2 + r, 3, 4, 4, generator=torch.Generator().manual_seed(100 + r)) * (r + 1) + r for r in range(n)]
+    weights = [torch.randn(2 + r, 3, 4, 4, generator=torch.Generator().manual_seed(200 + r)) for r in range(n)]
+    sync = hvd.SyncBatchNorm(3, momentum=0.3)
+    reference = torch.nn.BatchNorm2d(3, momentum=0.3)
+    with torch.no_grad():
+        for m in (sync, reference):
+            m.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))
+            m.bias.copy_(torch.tensor([0.0, -1.0, 3.0]))
+    for step in range(2):
+        x = batches[rank].clone().requires_grad_()
+        sync.zero_grad()
+        y = sync(x)
+        (y * weights[rank]).sum().backward()
+        whole = torch.cat(batches).requires_grad_()
+        reference.zero_grad()
+        y_ref = reference(whole)
+        (y_ref * torch.cat(weights)).sum().backward()
+        begin = sum(2 + r for r in range(rank))
+        part = slice(begin, begin + 2 + rank)
+        assert torch.allclose(y, y_ref[part], atol=1e-5), (step, (y - y_ref[part]).abs().max())
+        assert torch.allclose(x.grad, whole.grad[part], atol=1e-5), (step, (x.grad - whole.grad[part]).abs().max())
+        for mine, theirs in ((sync.weight.grad, reference.weight.grad), (sync.bias.grad, reference.bias.grad)):
+            assert torch.allclose(hvd.allreduce(mine, op=hvd.Sum), theirs, atol=1e-4), (mine, theirs)
+        assert torch.allclose(sync.running_mean, reference.running_mean, atol=1e-5)
+        assert torch.allclose(sync.running_var, reference.running_var, atol=1e-5)
+    sync.eval()
+    reference.eval()
+    assert torch.allclose(sync(batches[rank]), reference(batches[rank]), atol=1e-5)
+
+
 def test_built_and_enabled_say_what_baton_is():
     assert not hvd.mpi_built() and not hvd.mpi_enabled() and not hvd.mpi_threads_supported()
     assert hvd.gloo_built() and not hvd.gloo_enabled()

@@ -30,6 +30,7 @@ from baton.torch.collectives import __all__ as _collectives_all
 from baton.torch.optimizers import DistributedOptimizer, ScheduledOptimizer
 from baton.torch.ddp import DDPCommHookState, ddp_comm_hook
 from baton.torch.compression import Compression
+from baton.torch.sync_batch_norm import SyncBatchNorm
 from baton.torch import elastic  # noqa: F401
 import torch.distributed as _dist
 

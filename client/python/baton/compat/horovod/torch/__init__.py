@@ -434,7 +434,7 @@ grouped_allgather_async = unsupported("hvd.grouped_allgather_async", "call hvd.a
 sparse_allreduce_async = unsupported(
     "hvd.sparse_allreduce_async", "allreduce grad.to_dense() (DistributedOptimizer does so itself)"
 )
-SyncBatchNorm = unsupported("hvd.SyncBatchNorm", "use torch.nn.SyncBatchNorm under torch.distributed")
+SyncBatchNorm = bt.SyncBatchNorm
 start_timeline = unsupported("hvd.start_timeline", "`batonctl timeline JOB -o trace.json` records every job's timeline")
 stop_timeline = unsupported("hvd.stop_timeline", "`batonctl timeline JOB -o trace.json` records every job's timeline")
 
