@@ -47,12 +47,20 @@ import re
 import statistics
 import sys
 
-MODES = ["ddp", "ddp-baton", "fifo", "priority"]
+BASE_MODES = ["ddp", "ddp-baton", "fifo", "priority"]
+# Each also with its gradients sent as float16 (run's MODE+fp16).
+MODES = [m + suffix for m in BASE_MODES for suffix in ("", "+fp16", "+topk")]
 NAMES = {
     "ddp": "torch DDP (gloo)",
     "ddp-baton": 'torch DDP on the "baton" backend',
     "fifo": "baton fifo + DistributedOptimizer",
     "priority": "baton priority + ScheduledOptimizer",
+    "ddp+fp16": "torch DDP (gloo), fp16_compress_hook",
+    "ddp-baton+fp16": 'torch DDP on the "baton" backend, fp16_compress_hook',
+    "fifo+fp16": "baton fifo + DistributedOptimizer, Compression.fp16",
+    "priority+fp16": "baton priority + ScheduledOptimizer, Compression.fp16",
+    "fifo+topk": "baton fifo + DistributedOptimizer, Compression.topk(0.01)",
+    "priority+topk": "baton priority + ScheduledOptimizer, Compression.topk(0.01)",
     "compute": "compute only (1 process, no communication)",
     "concurrent": "compute only, NODES processes at once",
     "ideal": "ideal bound max(compute, communication)",
@@ -182,7 +190,7 @@ def main():
             # All NODES agents together (kept as it was), and per node.
             rows[mode]["agents_cpu_per_step_s"] = statistics.median(agents_cpu)
             rows[mode]["agents_cpu_per_node_per_step_s"] = statistics.median(agents_cpu) / n
-            if mode != "ddp":
+            if mode.split("+")[0] != "ddp":
                 rows[mode].update(baton)
     # This machine's speed drifts between minutes: the compute measured in
     # every round, next to the modes, is the bound's compute.

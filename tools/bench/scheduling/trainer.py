@@ -36,6 +36,9 @@ Modes:
                    gradients travel as float16: baton's Compression.fp16
                    (fifo, priority), DDP's fp16_compress_hook (ddp,
                    ddp-baton); default none
+  --compression topk
+                   baton's Compression.topk(0.01) with error feedback (fifo,
+                   priority only)
   --compute-only   one process, no communication: the forward + backward +
                    SGD update time of the same model and batch
   --describe       prints the model's parameter count and gradient bytes
@@ -233,7 +236,7 @@ def run_baton(args, model, optimizer):
 
     bt.init()
     bt.broadcast_parameters(model.state_dict(), root_rank=0)
-    compression = bt.Compression.fp16 if args.compression == "fp16" else None
+    compression = {"fp16": bt.Compression.fp16, "topk": bt.Compression.topk(0.01)}.get(args.compression)
     if args.mode == "fifo":
         optimizer = bt.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), compression=compression
@@ -259,7 +262,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=["ddp", "ddp-baton", "fifo", "priority"])
     parser.add_argument("--compute-only", action="store_true")
-    parser.add_argument("--compression", choices=["none", "fp16"], default="none")
+    parser.add_argument("--compression", choices=["none", "fp16", "topk"], default="none")
     parser.add_argument("--describe", action="store_true")
     parser.add_argument("--model", choices=MODELS, default="vgg")
     parser.add_argument("--width", type=int, help="first conv block's channels (default: the model's)")
@@ -284,6 +287,8 @@ def main():
         parser.error("--steps %d: give a positive number" % args.steps)
     if not (0 < args.dilation < float("inf")):
         parser.error("--dilation %r: give a positive number" % args.dilation)
+    if args.compression == "topk" and args.mode in ("ddp", "ddp-baton"):
+        parser.error("--compression topk is baton's (fifo, priority); DDP has no top-k hook")
     if args.model not in EMULATED_MODELS and (args.profile or args.dilation != 1.0):
         parser.error("--profile and --dilation are for the emulated models (emu-MODEL) only")
     args.emulation = None
