@@ -170,6 +170,20 @@ int ProcessesWith(const std::string& marker) {
   return found;
 }
 
+// ProcessesWith(marker), read again until it is `want` or `timeout` passed:
+// a process in the middle of exec reads as an empty command line for a
+// moment (a shell that printed "ready" and is becoming `sleep`).
+int AwaitProcessesWith(const std::string& marker, int want,
+                       absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int found = ProcessesWith(marker);
+  while (found != want && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+    found = ProcessesWith(marker);
+  }
+  return found;
+}
+
 TEST(BatonrunTest, StartsAClusterWithExactRanksAndPrefixedOutput) {
   Batonrun run({"--nodes=2", "--procs-per-node=2", "--job=ranks", "--",
                 BATON_TEST_TRAINER_BIN, "--scenario=loop", "--count=64",
@@ -205,7 +219,7 @@ TEST(BatonrunTest, ForwardsSignalsAndLeavesNothingBehind) {
   ASSERT_TRUE(run.started().ok()) << run.started();
   ASSERT_TRUE(WaitForOutput(run.process(), "[1] ready"));
   ASSERT_TRUE(WaitForOutput(run.process(), "[0] ready"));
-  EXPECT_EQ(ProcessesWith("sleep 302"), 2);
+  EXPECT_EQ(AwaitProcessesWith("sleep 302", 2, absl::Seconds(10)), 2);
   // Coordinator, agent and two trainers.
   const std::vector<pid_t> children = ChildrenOf(run.process().pid());
   EXPECT_EQ(children.size(), 4u);
