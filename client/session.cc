@@ -269,6 +269,7 @@ class Session::Impl {
 
     std::shared_ptr<Tensor> tensor;
     const v1::CudaBuffer* declared_buffer = nullptr;
+    bool retired = false;  // its latest declaration was retired
     {
       absl::MutexLock lock(&mu_);
       if (closed_) return Closed();
@@ -289,6 +290,7 @@ class Session::Impl {
       }
       auto it = tensors_.find(name);
       if (it != tensors_.end()) tensor = it->second;
+      retired = retired_.count(name) > 0;
       // Entries are never removed, so the pointer stays valid.
       auto cuda = cuda_buffers_.find(name);
       if (cuda != cuda_buffers_.end()) declared_buffer = &cuda->second;
@@ -298,12 +300,7 @@ class Session::Impl {
       starting_.erase(name);
     };
     // Declared on first use, and anew (its next version) when used with
-    // another spec or CUDA buffer than its latest declaration.
-    bool retired = false;
-    {
-      absl::MutexLock lock(&mu_);
-      retired = retired_.count(name) > 0;
-    }
+    // another spec or CUDA buffer than its latest declaration, or retired.
     if (tensor == nullptr || retired ||
         !SameUse(tensor->spec(), declared_buffer, spec,
                  on_device ? &cuda_buffers.front() : nullptr)) {

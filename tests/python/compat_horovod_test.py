@@ -334,6 +334,12 @@ def test_int8_int16_and_bool_as_horovod_takes_them():
         assert "no mean" in str(e), str(e)
     else:
         raise AssertionError("the mean of a bool tensor was taken")
+    try:
+        hvd.allreduce(flags, op=hvd.Sum, compression=hvd.Compression.fp16)
+    except ValueError as e:
+        assert "does not apply to bools" in str(e), str(e)
+    else:
+        raise AssertionError("a bool tensor was compressed")
 
 
 def test_sync_batch_norm_normalizes_over_every_rank():

@@ -473,10 +473,17 @@ def push_pull_async(tensor, average=None, name=None, op=None, compression=None):
     return _start_push_pull(tensor, average, name, None, op, compression)
 
 
-def _start_bool_push_pull(tensor, average, name, output, op):
+def _start_bool_push_pull(tensor, average, name, output, op, compression=None):
     """A bool tensor travels as its bytes (0 or 1): Sum and Max are any
     (logical or) and Min and Product all (logical and), as the bytes' max
-    or min; a bool has no mean."""
+    or min; a bool has no mean, and nothing to compress."""
+    from baton.torch.compression import NoneCompressor
+
+    if not (compression is None or compression is NoneCompressor or isinstance(compression, NoneCompressor)):
+        raise ValueError(
+            "push_pull of bool tensor %r: compression=%r does not apply to bools (one byte each); "
+            "pass Compression.none" % (name, compression)
+        )
     average, code = _resolve_op(average, op)
     if average or code not in (_baton.REDUCE_SUM, _baton.REDUCE_MAX, _baton.REDUCE_MIN, _baton.REDUCE_PRODUCT):
         raise ValueError(
@@ -505,7 +512,7 @@ def _start_push_pull(tensor, average, name, output, op=None, compression=None):
     result is written straight into a dense output (a non-contiguous
     `tensor` is copied back into at synchronize)."""
     if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.bool:
-        return _start_bool_push_pull(tensor, average, name, output, op)
+        return _start_bool_push_pull(tensor, average, name, output, op, compression)
     if compression is not None:
         # compression builds on this module (onebit push-pulls a scale), so
         # it is imported here, not at the top.
